@@ -1,0 +1,34 @@
+# The README's two commands. Each is self-contained on a fresh machine: it creates or updates the
+# virtual environment, installs (CPU torch first, so nothing can pull a CUDA build), then runs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.fedhf-installed
+TORCH  ?= torch==2.13.0
+# Everything runs offline, with caches inside the project.
+RUN_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME=$(CURDIR)/.cache/hf \
+           TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore::FutureWarning
+
+.PHONY: demo test install benchmarks clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install $(TORCH)
+	$(PY) -m pip install -e ".[demo,dev]"
+	$(PY) -c "import torch; assert '+cu' not in torch.__version__, torch.__version__; print('torch', torch.__version__)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(RUN_ENV) $(PY) examples/quickstart_tweets.py --output_dir outputs/quickstart
+
+test: $(STAMP)
+	$(RUN_ENV) $(PY) -m pytest -q -x tests
+
+benchmarks: $(STAMP)
+	$(RUN_ENV) $(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) outputs .cache

@@ -1,0 +1,69 @@
+"""Offline quickstart: federated LoRA fine-tuning of pretrained MiniLM-L6 on real tweets (sentiment, 3 classes).
+
+12 clients over a Dirichlet(0.3) label-skewed split, 4 of them per round. Everything is bundled with the
+``demo`` extras (no network). Run with ``make demo`` or::
+
+    python examples/quickstart_tweets.py --output_dir outputs/quickstart
+
+Writes federated_history.json and federated_history.png (accuracy/loss against rounds and communicated MB),
+partition.json/.png and the final LoRA adapter to --output_dir, and prints the final eval accuracy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from peft import LoraConfig, TaskType, get_peft_model  # noqa: E402
+from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,  # noqa: E402
+                          HfArgumentParser)
+
+from fedhf import FederatedConfig, FederatedTrainer  # noqa: E402
+from fedhf.data.bundled import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
+from fedhf.metrics import accuracy_metrics  # noqa: E402
+
+DEFAULTS = dict(
+    output_dir="outputs/quickstart",
+    num_clients=12, clients_per_round=4, num_rounds=10, local_steps=25,
+    partition="dirichlet", dirichlet_alpha=0.3, min_partition_size=20,
+    algorithm="local_adamw", learning_rate=1e-3,
+    per_device_train_batch_size=16, per_device_eval_batch_size=128,
+    eval_every_rounds=2, eval_on_start=True, bf16=True, use_cpu=not torch.cuda.is_available(), seed=0,
+    report_to="none",
+    logging_strategy="no", save_strategy="no",
+)
+
+
+def main(argv=None) -> float:
+    parser = HfArgumentParser(FederatedConfig)
+    parser.set_defaults(**DEFAULTS)
+    parser.add_argument("--train_rows", type=int, default=8000, help="Training tweets split over the clients.")
+    parser.add_argument("--eval_rows", type=int, default=1000, help="Held-out tweets to evaluate on.")
+    args, extras = parser.parse_args_into_dataclasses(args=argv)
+    torch.manual_seed(args.seed)
+
+    path = minilm_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    splits = load_tweets()
+    splits["train"] = subsample(splits["train"], extras.train_rows, seed=args.seed)
+    splits["test"] = subsample(splits["test"], extras.eval_rows, seed=args.seed)
+    splits = tokenize_tweets(splits, tokenizer)
+
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.1, target_modules=["query", "value"],
+                                             task_type=TaskType.SEQ_CLS))
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["test"],
+                               data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
+                               compute_metrics=accuracy_metrics)
+    trainer.train()
+    trainer.save_model(os.path.join(args.output_dir, "final"))
+    accuracy = trainer.federated_history[-1]["eval_accuracy"]
+    print(f"final eval accuracy: {accuracy:.4f} (majority class 0.42) -- outputs in {args.output_dir}")
+    return accuracy
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,60 @@
+"""Aggregation is a sum.
+
+Every client turns its round into a message of named tensors (``dx.<param>``, ``dc.<param>``, scalars such as
+``w`` and ``loss``). The round's messages are added into one :class:`RoundSums`; every server rule then runs
+deterministically on the sums (ALGORITHMS.md section 4.2). Because nothing needs the list of individual
+messages, spreading clients over processes costs exactly one all-reduce per round (:meth:`all_reduce`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Mapping, Optional
+
+import torch
+
+from .params import TensorDict
+
+
+class RoundSums:
+    """Running sums of client messages, kept in float64 so the order of addition barely matters."""
+
+    def __init__(self) -> None:
+        self._sums: Dict[str, torch.Tensor] = {}
+
+    def add(self, key: str, value, scale: float = 1.0) -> None:
+        value = torch.as_tensor(value, dtype=torch.float64)
+        if scale != 1.0:
+            value = value * scale
+        if key in self._sums:
+            self._sums[key] += value
+        else:
+            self._sums[key] = value.clone()
+
+    def add_tensors(self, prefix: str, tensors: Mapping[str, torch.Tensor], scale: float = 1.0) -> None:
+        for name, tensor in tensors.items():
+            self.add(f"{prefix}.{name}", tensor.detach(), scale)
+
+    def scalar(self, key: str, default: float = 0.0) -> float:
+        return float(self._sums[key]) if key in self._sums else default
+
+    def tensors(self, prefix: str, like: TensorDict) -> TensorDict:
+        """The summed tensors under ``prefix`` for every name of ``like``, in ``like``'s dtype (zeros if absent)."""
+        out = {}
+        for name, ref in like.items():
+            total = self._sums.get(f"{prefix}.{name}")
+            out[name] = torch.zeros_like(ref) if total is None else total.to(ref.dtype)
+        return out
+
+    def keys(self) -> Iterable[str]:
+        return self._sums.keys()
+
+    def all_reduce(self, group: Optional[object] = None) -> None:
+        """Sum over processes (no-op when torch.distributed is not initialised).
+
+        All ranks must hold the same keys; keys a rank never saw are created as zeros by the caller
+        contract that every process runs the same algorithm over the same parameter names.
+        """
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        for key in sorted(self._sums):
+            torch.distributed.all_reduce(self._sums[key], group=group)

@@ -1,0 +1,93 @@
+"""An algorithm is a composition of four orthogonal choices (DESIGN.md section 1, ALGORITHMS.md section 4):
+
+* ``optimizer``  -- the local optimizer a client runs (:class:`fedhf.optim.LocalOptimizer`);
+* ``sync``       -- what happens to the optimizer state between rounds (``"reset"``: a fresh optimizer every
+  round, as in every first-order algorithm here);
+* ``correction`` -- how the local step is steered toward the global one (:mod:`fedhf.corrections`);
+* ``server``     -- how the summed client results become the next global model (:mod:`fedhf.server`).
+
+Named algorithms (:mod:`fedhf.algorithms`) are short functions that pick one option per axis; any axis can be
+swapped from :class:`FederatedConfig` (``local_optimizer``, ``correction``, ``server_rule`` and their
+``*_kwargs``) to build combinations no paper tried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Optional, Union
+
+from .corrections import CORRECTIONS, Correction
+from .optim import LocalOptimizer
+from .server import SERVER_RULES, Mean
+
+STATE_SYNCS = ("reset",)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    optimizer: LocalOptimizer
+    correction: Correction = field(default_factory=Correction)
+    server: Any = field(default_factory=Mean)
+    sync: str = "reset"
+
+    def __post_init__(self) -> None:
+        if self.sync not in STATE_SYNCS:
+            raise ValueError(f"Unknown state sync {self.sync!r}; choose one of {STATE_SYNCS}.")
+
+    def describe(self) -> str:
+        return (f"{self.name}: optimizer={self.optimizer.cls.__name__}({dict(self.optimizer.kwargs)}), "
+                f"sync={self.sync}, correction={self.correction!r}, server={self.server!r}")
+
+
+def _build(registry, name: str, kwargs: Optional[Mapping[str, Any]], field_name: str):
+    factory = registry.get(name)
+    try:
+        return factory(**dict(kwargs or {}))
+    except TypeError as err:
+        raise ValueError(f"Bad `{field_name}` for {registry.kind} {name!r}: {err}.") from None
+
+
+def compose(
+    algorithm: Union[str, Algorithm] = "fedavg",
+    algorithm_kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    local_optimizer: Union[str, type, None] = None,
+    local_optimizer_kwargs: Optional[Mapping[str, Any]] = None,
+    correction: Optional[str] = None,
+    correction_kwargs: Optional[Mapping[str, Any]] = None,
+    server_rule: Optional[str] = None,
+    server_rule_kwargs: Optional[Mapping[str, Any]] = None,
+    learning_rate: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+) -> Algorithm:
+    """A named algorithm (or an :class:`Algorithm`) with any of its axes replaced.
+
+    ``learning_rate``/``weight_decay`` (from the config) override the algorithm's paper defaults when given.
+    """
+    from .algorithms import get_algorithm
+
+    algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm, **dict(algorithm_kwargs or {}))
+    optimizer = algo.optimizer
+    if local_optimizer is not None:
+        # A different optimizer does not inherit the algorithm's lr (SGD's 0.1 would wreck AdamW): its own
+        # default applies unless `learning_rate` or `local_optimizer_kwargs` say otherwise.
+        optimizer = LocalOptimizer(local_optimizer, dict(local_optimizer_kwargs or {}))
+    elif local_optimizer_kwargs:
+        optimizer = optimizer.with_overrides(**local_optimizer_kwargs)
+    optimizer = optimizer.with_overrides(lr=learning_rate, weight_decay=weight_decay)
+    changes = {"optimizer": optimizer}
+    replaced = [f"optimizer={local_optimizer}"] if local_optimizer is not None else []
+    if correction is not None:
+        changes["correction"] = _build(CORRECTIONS, correction, correction_kwargs, "correction_kwargs")
+        replaced.append(f"correction={correction}")
+    elif correction_kwargs:
+        raise ValueError("`correction_kwargs` was given without `correction`; name the correction it configures.")
+    if server_rule is not None:
+        changes["server"] = _build(SERVER_RULES, server_rule, server_rule_kwargs, "server_rule_kwargs")
+        replaced.append(f"server={server_rule}")
+    elif server_rule_kwargs:
+        raise ValueError("`server_rule_kwargs` was given without `server_rule`; name the rule it configures.")
+    if replaced:
+        changes["name"] = f"{algo.name}[{','.join(replaced)}]"
+    return replace(algo, **changes)

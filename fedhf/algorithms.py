@@ -1,0 +1,100 @@
+"""Named algorithms: each is a short composition of one option per axis (see :mod:`fedhf.algorithm`).
+
+``list_algorithms()`` names them all; ``get_algorithm(name, **kwargs)`` builds one. Defaults are the papers'
+(ALGORITHMS.md section 2 gives the source of every number). ``lr`` is the peak learning rate of the cosine
+schedule over rounds; ``FederatedConfig.learning_rate`` overrides it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .algorithm import Algorithm
+from .corrections import ControlVariate, GlobalMix, Proximal
+from .optim import LocalOptimizer
+from .registry import Registry
+from .server import AdaptiveServer, Mean, ServerMomentum
+
+ALGORITHMS: Registry[Callable[..., Algorithm]] = Registry("algorithm", "algorithm")
+
+
+def list_algorithms() -> list:
+    return ALGORITHMS.names()
+
+
+def get_algorithm(name: str, **kwargs) -> Algorithm:
+    factory = ALGORITHMS.get(name)
+    try:
+        return factory(**kwargs)
+    except TypeError as err:
+        raise ValueError(f"Bad `algorithm_kwargs` for algorithm {name!r}: {err}.") from None
+
+
+def _sgd(lr: float, weight_decay: float, momentum: float = 0.0) -> LocalOptimizer:
+    return LocalOptimizer("sgd", {"lr": lr, "weight_decay": weight_decay, "momentum": momentum})
+
+
+@ALGORITHMS.register("fedavg")
+def fedavg(lr: float = 0.1, weight_decay: float = 1e-3, momentum: float = 0.0, server_lr: float = 1.0) -> Algorithm:
+    """FedAvg / Local SGD (McMahan et al., 2017). Sends Delta (|x|) up, x (|x|) down.
+    Defaults: FedPAC Table 8 (lr 0.1, wd 1e-3, no momentum)."""
+    return Algorithm("fedavg", _sgd(lr, weight_decay, momentum), server=Mean(server_lr))
+
+
+@ALGORITHMS.register("local_adamw")
+def local_adamw(lr: float = 3e-4, weight_decay: float = 0.01, betas=(0.9, 0.999), eps: float = 1e-8) -> Algorithm:
+    """Local AdamW, state reset every round (FedPAC Alg. 1, Table 8). Sends Delta up, x down (|x| each)."""
+    opt = LocalOptimizer("adamw", {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps})
+    return Algorithm("local_adamw", opt)
+
+
+@ALGORITHMS.register("fedavgm")
+def fedavgm(lr: float = 0.1, weight_decay: float = 1e-4, server_lr: float = 1.0, server_momentum: float = 0.9) -> Algorithm:
+    """FedAvgM, server momentum (Hsu et al., 2019). Sends |x| each way. Defaults: FedPM Table 4."""
+    return Algorithm("fedavgm", _sgd(lr, weight_decay), server=ServerMomentum(server_lr, server_momentum))
+
+
+@ALGORITHMS.register("fedprox")
+def fedprox(lr: float = 0.1, weight_decay: float = 1e-3, mu: float = 1e-3) -> Algorithm:
+    """FedProx (Li et al., 2020): proximal term mu/2 ||x - x^r||^2. Sends |x| each way. mu from FedPM Table 4."""
+    return Algorithm("fedprox", _sgd(lr, weight_decay), correction=Proximal(mu))
+
+
+@ALGORITHMS.register("scaffold")
+def scaffold(lr: float = 0.1, weight_decay: float = 1e-3, server_lr: float = 1.0) -> Algorithm:
+    """SCAFFOLD option II (Karimireddy et al., 2020). Sends Delta and Delta_c up, x and c down (2|x| each).
+    Client variates c_i persist per client id. Defaults: FedPAC Table 8."""
+    return Algorithm("scaffold", _sgd(lr, weight_decay), correction=ControlVariate(), server=Mean(server_lr))
+
+
+@ALGORITHMS.register("fedcm")
+def fedcm(lr: float = 0.1, weight_decay: float = 1e-3, beta: float = 0.9) -> Algorithm:
+    """FedCM, client-level momentum (Xu et al., 2021): d = (1 - beta) g + beta g_G. Sends Delta up (|x|),
+    x and g_G down (2|x|). Defaults: FedPAC Table 8 (beta 0.9)."""
+    return Algorithm("fedcm", _sgd(lr, weight_decay), correction=GlobalMix(beta, position="before"))
+
+
+def _fedopt(kind: str, lr: float, weight_decay: float, server_lr: float, beta1: float, beta2: float, tau: float):
+    return Algorithm(f"fed{kind}", _sgd(lr, weight_decay),
+                     server=AdaptiveServer(kind, lr=server_lr, beta1=beta1, beta2=beta2, tau=tau))
+
+
+@ALGORITHMS.register("fedadam")
+def fedadam(lr: float = 0.05, weight_decay: float = 0.0, server_lr: float = 0.03,
+            beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> Algorithm:
+    """FedAdam (Reddi et al., 2021): Local SGD, Adam on the server. |x| each way. Defaults: FedPM Table 4."""
+    return _fedopt("adam", lr, weight_decay, server_lr, beta1, beta2, tau)
+
+
+@ALGORITHMS.register("fedyogi")
+def fedyogi(lr: float = 0.05, weight_decay: float = 0.0, server_lr: float = 0.03,
+            beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> Algorithm:
+    """FedYogi (Reddi et al., 2021): Local SGD, Yogi on the server. |x| each way."""
+    return _fedopt("yogi", lr, weight_decay, server_lr, beta1, beta2, tau)
+
+
+@ALGORITHMS.register("fedadagrad")
+def fedadagrad(lr: float = 0.05, weight_decay: float = 0.0, server_lr: float = 0.03,
+               beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> Algorithm:
+    """FedAdagrad (Reddi et al., 2021): Local SGD, Adagrad on the server. |x| each way."""
+    return _fedopt("adagrad", lr, weight_decay, server_lr, beta1, beta2, tau)

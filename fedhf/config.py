@@ -1,0 +1,137 @@
+"""FederatedConfig: ``transformers.TrainingArguments`` plus the federation (trl's SFTConfig pattern), so
+``HfArgumentParser``, YAML recipes, ``report_to``, ``output_dir``, ``per_device_train_batch_size``,
+``max_grad_norm``, ``bf16``, ``seed`` and the rest keep their usual meaning.
+
+Differences from TrainingArguments, on purpose:
+* ``learning_rate`` and ``weight_decay`` default to ``None``: the algorithm's paper defaults apply unless set
+  (SGD-based federated algorithms want lr 0.1, not Trainer's 5e-5).
+* The learning rate follows ``round_lr_schedule`` over rounds (cosine by default, constant within a round, as
+  in the papers); ``lr_scheduler_type``, ``max_steps`` and ``num_train_epochs`` are not used by the round loop.
+* ``logging_steps``/``eval_steps``/``save_steps`` are replaced by ``eval_every_rounds``/``save_every_rounds``:
+  one "step" of the trainer state is one round.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Union
+
+from transformers import TrainingArguments
+
+from .data import PARTITIONERS
+
+ROUND_SCHEDULES = ("cosine", "constant")
+CLIENT_WEIGHTINGS = ("uniform", "num_samples")
+
+
+def _as_dict(value: Union[str, Dict[str, Any], None], name: str) -> Dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"`{name}` must be a dict or a JSON object string, got {value!r} ({err}).") from None
+        if isinstance(parsed, dict):
+            return parsed
+    raise ValueError(f"`{name}` must be a dict or a JSON object string such as '{{\"beta\": 0.5}}', got {value!r}.")
+
+
+@dataclass
+class FederatedConfig(TrainingArguments):
+    # --- the federation ---
+    num_clients: int = field(default=10, metadata={"help": "Number of simulated clients N."})
+    clients_per_round: Optional[int] = field(
+        default=None, metadata={"help": "Clients sampled per round without replacement (S); default: all N."})
+    num_rounds: int = field(default=10, metadata={"help": "Communication rounds R."})
+    local_steps: int = field(
+        default=10, metadata={"help": "Optimizer steps K per client per round; a client cycles its data as needed."})
+    client_weighting: str = field(
+        default="uniform",
+        metadata={"help": "Weight w_i of a client in the means: 'uniform' (every seed paper) or 'num_samples'."})
+    # --- the split ---
+    partition: str = field(default="dirichlet", metadata={"help": f"How rows go to clients: {PARTITIONERS}."})
+    partition_column: str = field(
+        default="label",
+        metadata={"help": "Categorical column for 'dirichlet' (label skew) or 'natural' (one client per value)."})
+    dirichlet_alpha: float = field(
+        default=0.5, metadata={"help": "Dirichlet concentration: smaller is more skewed (0.1 strong, 100 ~ IID)."})
+    min_partition_size: int = field(default=1, metadata={"help": "Fewest rows any client may get (dirichlet)."})
+    partition_max_retries: int = field(
+        default=100, metadata={"help": "Redraws of a Dirichlet split before giving up with an error."})
+    # --- the algorithm: a name, or any of its four axes replaced ---
+    algorithm: str = field(default="fedavg", metadata={"help": "Named algorithm; see fedhf.algorithms.list_algorithms()."})
+    algorithm_kwargs: Optional[Union[dict, str]] = field(
+        default=None, metadata={"help": "Keyword arguments of the named algorithm (dict or JSON string)."})
+    local_optimizer: Optional[str] = field(
+        default=None, metadata={"help": "Replace the local optimizer: 'sgd', 'adamw' or any torch.optim class name."})
+    local_optimizer_kwargs: Optional[Union[dict, str]] = field(
+        default=None, metadata={"help": "Keyword arguments of the local optimizer (dict or JSON string)."})
+    correction: Optional[str] = field(
+        default=None, metadata={"help": "Replace the correction: none, proximal, control_variate, global_mix."})
+    correction_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Correction kwargs."})
+    server_rule: Optional[str] = field(
+        default=None, metadata={"help": "Replace the server rule: mean, momentum, adam, yogi, adagrad."})
+    server_rule_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Server rule kwargs."})
+    round_lr_schedule: str = field(
+        default="cosine", metadata={"help": "Learning rate over rounds: 'cosine' (to 0, the papers') or 'constant'."})
+    # --- TrainingArguments fields whose default changes meaning here ---
+    learning_rate: Optional[float] = field(
+        default=None, metadata={"help": "Peak local learning rate; default: the algorithm's paper default."})
+    weight_decay: Optional[float] = field(
+        default=None, metadata={"help": "Local weight decay; default: the algorithm's paper default."})
+    # --- evaluation and saving ---
+    eval_every_rounds: int = field(
+        default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})
+    save_every_rounds: int = field(
+        default=0, metadata={"help": "Save the global model to output_dir/round-N every N rounds; 0 = never."})
+    partition_report: bool = field(
+        default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs"):
+            setattr(self, name, _as_dict(getattr(self, name), name))
+        if self.clients_per_round is None:
+            self.clients_per_round = self.num_clients
+        checks = [
+            (self.num_clients >= 1, "`num_clients` must be >= 1"),
+            (self.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
+            (self.clients_per_round <= self.num_clients,
+             f"`clients_per_round`={self.clients_per_round} exceeds `num_clients`={self.num_clients}; lower it or "
+             "raise num_clients"),
+            (self.num_rounds >= 1, "`num_rounds` must be >= 1"),
+            (self.local_steps >= 1, f"`local_steps` must be >= 1 (got {self.local_steps})"),
+            (self.partition in PARTITIONERS, f"`partition` must be one of {PARTITIONERS}, got {self.partition!r}"),
+            (self.dirichlet_alpha > 0,
+             f"`dirichlet_alpha` must be > 0 (got {self.dirichlet_alpha}); 0.1 is strongly skewed, 100 nearly IID"),
+            (self.min_partition_size >= 1, "`min_partition_size` must be >= 1: every client needs data"),
+            (self.partition_max_retries >= 1, "`partition_max_retries` must be >= 1"),
+            (self.client_weighting in CLIENT_WEIGHTINGS, f"`client_weighting` must be one of {CLIENT_WEIGHTINGS}"),
+            (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
+            (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
+            (self.weight_decay is None or self.weight_decay >= 0, "`weight_decay` must be >= 0"),
+            (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
+            (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
+            (self.gradient_accumulation_steps == 1,
+             "`gradient_accumulation_steps` is not supported; raise `per_device_train_batch_size` or `local_steps`"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message + ".")
+        # Fails here, before any model or data is touched, on an unknown name or a bad keyword.
+        self.build_algorithm()
+
+    def build_algorithm(self):
+        from .algorithm import compose
+
+        return compose(
+            self.algorithm, self.algorithm_kwargs,
+            local_optimizer=self.local_optimizer, local_optimizer_kwargs=self.local_optimizer_kwargs,
+            correction=self.correction, correction_kwargs=self.correction_kwargs,
+            server_rule=self.server_rule, server_rule_kwargs=self.server_rule_kwargs,
+            learning_rate=self.learning_rate, weight_decay=self.weight_decay,
+        )

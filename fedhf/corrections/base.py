@@ -1,0 +1,49 @@
+"""The correction axis: how the local step is steered toward the global one.
+
+A correction has a client half (hooks around the optimizer step) and a server half (the state it keeps and
+broadcasts). Where the hooks sit in a local step::
+
+    loss.backward()
+    clip_grad_norm_(max_grad_norm)      # the raw minibatch gradient is clipped first, as in the papers' code
+    correction.before_step(ctx)         # "before preconditioning": edits p.grad (FedProx, SCAFFOLD, FedCM)
+    optimizer.step()
+    correction.after_step(ctx)          # "after preconditioning": rewrites the update (FedPAC/FedMuon mixing)
+
+Because the hooks only touch ``p.grad`` and ``p``, every correction works with every optimizer.
+"""
+
+from __future__ import annotations
+
+from ..context import ClientContext, ServerContext
+from ..params import TensorDict
+
+
+class Correction:
+    """No correction. Subclasses override only the hooks they need."""
+
+    name = "none"
+    #: The local optimizer runs at ``lr_scale * eta_r`` (global-direction mixing uses 1 - beta).
+    lr_scale = 1.0
+
+    def server_init(self, global_params: TensorDict) -> TensorDict:
+        """State the server keeps and broadcasts to the round's clients (its bytes count as downlink)."""
+        return {}
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        pass
+
+    def before_step(self, ctx: ClientContext) -> None:
+        pass
+
+    def after_step(self, ctx: ClientContext) -> None:
+        pass
+
+    def client_end(self, ctx: ClientContext) -> None:
+        """Send what the server half needs with ``ctx.send`` (the model change itself is sent by the trainer)."""
+
+    def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
+        return state
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"

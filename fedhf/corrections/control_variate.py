@@ -1,0 +1,56 @@
+"""SCAFFOLD's control variates (Karimireddy et al., 2020, option II), applied before preconditioning.
+
+Client step: g <- g - c_i + c.  End of round: c_i+ = c_i - c + (x^r - x_i^K) / (K eta);
+send Delta_c_i = c_i+ - c_i.  Server: c <- c + (1/N) sum_{i in S} Delta_c_i (ALGORITHMS.md 2.4).
+c_i persists per client id in the client state store; c is broadcast. With c = c_i = 0 the first round is
+FedAvg; with identical clients c_i = c always, so the correction vanishes and SCAFFOLD equals FedAvg.
+
+Unlike the FedPAC/FedMuon reference code (which adds the correction as a Python float to the loss, so it has
+no gradient effect, and keeps c_i per worker instead of per client), this is the real algorithm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..context import ClientContext, ServerContext
+from ..params import TensorDict
+from .base import Correction
+
+
+class ControlVariate(Correction):
+    name = "control_variate"
+
+    def server_init(self, global_params: TensorDict) -> TensorDict:
+        return {f"c.{n}": torch.zeros_like(t) for n, t in global_params.items()}
+
+    def _client_variate(self, ctx: ClientContext) -> TensorDict:
+        stored = ctx.store.get(ctx.client_id, "scaffold_c")
+        return stored if stored is not None else {n: torch.zeros_like(t) for n, t in ctx.global_params.items()}
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        c_i = self._client_variate(ctx)
+        ctx.scratch["c_i"] = c_i
+        # c - c_i is constant over the round: compute it once, not every step.
+        ctx.scratch["shift"] = {n: ctx.server_state[f"c.{n}"] - c_i[n] for n in ctx.params}
+
+    @torch.no_grad()
+    def before_step(self, ctx: ClientContext) -> None:
+        for name, p in ctx.params.items():
+            if p.grad is not None:
+                p.grad.add_(ctx.scratch["shift"][name].to(p.grad.dtype))
+
+    @torch.no_grad()
+    def client_end(self, ctx: ClientContext) -> None:
+        c_i = ctx.scratch["c_i"]
+        scale = 1.0 / (ctx.local_steps * ctx.local_lr)
+        new_c_i = {
+            n: c_i[n] - ctx.server_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
+            for n, p in ctx.params.items()
+        }
+        ctx.send("dc", {n: new_c_i[n] - c_i[n] for n in new_c_i})  # unweighted: the server divides by N
+        ctx.store.put(ctx.client_id, "scaffold_c", new_c_i)
+
+    def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
+        dc = ctx.sums.tensors("dc", ctx.global_params)
+        return {f"c.{n}": state[f"c.{n}"] + dc[n] / ctx.num_clients for n in ctx.global_params}

@@ -1,0 +1,60 @@
+"""The per-round history of a federated run: written as JSON, plotted against rounds and communicated MB."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import List, Optional
+
+
+def write_json_atomic(obj, path: str) -> None:
+    """Write to a temporary file beside ``path`` and rename it over, so readers never see half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -> Optional[str]:
+    """Eval metric and train/eval loss against rounds and against total communicated MB (up + down).
+
+    Returns the path written, or None when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    evals = [h for h in history if any(k.startswith("eval_") for k in h)]
+    if metric is None:
+        candidates = [k for h in evals for k in h if k.startswith("eval_") and k not in
+                      ("eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")]
+        metric = candidates[0] if candidates else "eval_loss"
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, x_key, x_label in ((axes[0], "round", "round"), (axes[1], "communicated_MB", "communicated MB (up + down)")):
+        xs = [h[x_key] for h in evals if metric in h]
+        ax.plot(xs, [h[metric] for h in evals if metric in h], "o-", color="tab:blue", label=metric)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(metric, color="tab:blue")
+        loss_ax = ax.twinx()
+        train = [h for h in history if "train_loss" in h]
+        loss_ax.plot([h[x_key] for h in train], [h["train_loss"] for h in train], "-", color="tab:red", alpha=0.6,
+                     label="train_loss")
+        if metric != "eval_loss":
+            loss_ax.plot([h[x_key] for h in evals if "eval_loss" in h], [h["eval_loss"] for h in evals if "eval_loss" in h],
+                         "--", color="tab:red", label="eval_loss")
+        loss_ax.set_ylabel("loss", color="tab:red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

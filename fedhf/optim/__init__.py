@@ -1,0 +1,88 @@
+"""Local optimizers: how a client turns a gradient into a step.
+
+A local optimizer is given by name (``"sgd"``, ``"adamw"``, or the name of any ``torch.optim`` class such as
+``"RAdam"``) or as any ``torch.optim.Optimizer`` subclass, plus keyword arguments. It is built afresh for a
+client's parameters at the start of each of its rounds (ALGORITHMS.md section 2.1: optimizer state is reset
+every round unless a state-sync rule says otherwise).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Union
+
+import torch
+
+from ..registry import Registry
+
+LOCAL_OPTIMIZERS: Registry[type] = Registry("local optimizer", "local_optimizer")
+LOCAL_OPTIMIZERS.register("sgd")(torch.optim.SGD)  # coupled weight decay, ALGORITHMS.md 1.1
+LOCAL_OPTIMIZERS.register("adamw")(torch.optim.AdamW)  # ALGORITHMS.md 1.2
+
+
+def resolve_optimizer_class(name_or_class: Union[str, type]) -> type:
+    """A registered name, a ``torch.optim`` class name (any case), or an Optimizer subclass."""
+    if inspect.isclass(name_or_class):
+        if not issubclass(name_or_class, torch.optim.Optimizer):
+            raise ValueError(
+                f"`local_optimizer` must be a torch.optim.Optimizer subclass, got {name_or_class!r}."
+            )
+        return name_or_class
+    if isinstance(name_or_class, str):
+        if name_or_class.lower() in LOCAL_OPTIMIZERS:
+            return LOCAL_OPTIMIZERS.get(name_or_class)
+        by_lower = {
+            n.lower(): c
+            for n, c in vars(torch.optim).items()
+            if inspect.isclass(c) and issubclass(c, torch.optim.Optimizer) and c is not torch.optim.Optimizer
+        }
+        if name_or_class.lower() in by_lower:
+            return by_lower[name_or_class.lower()]
+        raise ValueError(
+            f"Unknown local optimizer {name_or_class!r} in `local_optimizer`. Choose one of "
+            f"{', '.join(LOCAL_OPTIMIZERS.names())}, any torch.optim class name "
+            f"({', '.join(sorted(c.__name__ for c in by_lower.values()))}), or pass an Optimizer subclass."
+        )
+    raise ValueError(f"`local_optimizer` must be a name or an Optimizer class, got {name_or_class!r}.")
+
+
+@dataclass(frozen=True)
+class LocalOptimizer:
+    """Which optimizer a client runs, with its keyword arguments (``lr`` is the peak round learning rate)."""
+
+    optimizer: Union[str, type] = "sgd"
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cls = resolve_optimizer_class(self.optimizer)
+        accepted = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+            unknown = sorted(set(self.kwargs) - set(accepted))
+            if unknown:
+                raise ValueError(
+                    f"{cls.__name__} does not accept {unknown} (from `local_optimizer_kwargs` or the algorithm). "
+                    f"It accepts: {', '.join(k for k in accepted if k not in ('self', 'params'))}."
+                )
+
+    @property
+    def cls(self) -> type:
+        return resolve_optimizer_class(self.optimizer)
+
+    @property
+    def lr(self) -> float:
+        """The configured peak lr, else the optimizer class's own default."""
+        if "lr" in self.kwargs:
+            return float(self.kwargs["lr"])
+        default = inspect.signature(self.cls.__init__).parameters.get("lr")
+        if default is None or not isinstance(default.default, (int, float)):
+            raise ValueError(f"{self.cls.__name__} has no default lr; set `learning_rate`.")
+        return float(default.default)
+
+    def with_overrides(self, **overrides: Any) -> "LocalOptimizer":
+        kept = {k: v for k, v in overrides.items() if v is not None}
+        return LocalOptimizer(self.optimizer, {**self.kwargs, **kept})
+
+    def build(self, params: Dict[str, torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        kwargs = {**self.kwargs, "lr": lr}
+        return self.cls(list(params.values()), **kwargs)

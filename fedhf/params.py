@@ -1,0 +1,50 @@
+"""The federated state of a model: what is sent, averaged and corrected.
+
+Exactly the trainable parameters (``requires_grad``) are federated: LoRA A/B and ``modules_to_save`` heads
+under peft, every weight under full fine-tuning. Frozen base weights are never copied per client. Floating
+point buffers (BatchNorm running statistics) are averaged like parameters but never corrected or
+preconditioned (ALGORITHMS.md section 0); integer buffers (``num_batches_tracked``, ``position_ids``) are not
+federated.
+
+Names are the model's own ``named_parameters`` names, which for a peft model are the names peft's
+``get_peft_model_state_dict`` is built from, so keys stay consistent with saved adapters.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+TensorDict = Dict[str, torch.Tensor]
+
+
+def trainable_parameters(model: torch.nn.Module) -> Dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def federated_buffers(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """Floating-point buffers, e.g. BatchNorm running mean/var (averaged, not trained)."""
+    return {name: b for name, b in model.named_buffers() if b is not None and b.is_floating_point()}
+
+
+def snapshot(tensors: TensorDict) -> TensorDict:
+    """A detached fp32 copy (the server keeps the global model in fp32 whatever the model dtype)."""
+    return {name: t.detach().to(torch.float32, copy=True) for name, t in tensors.items()}
+
+
+@torch.no_grad()
+def load_into(targets: TensorDict, values: TensorDict) -> None:
+    for name, target in targets.items():
+        target.copy_(values[name])
+
+
+@torch.no_grad()
+def difference(current: TensorDict, reference: TensorDict) -> TensorDict:
+    """current - reference, in fp32."""
+    return {name: current[name].detach().float() - reference[name] for name in reference}
+
+
+def num_bytes(tensors: TensorDict) -> int:
+    """Bytes that sending these tensors costs, computed from the tensors themselves."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -1,0 +1,16 @@
+"""Server rules, by name (the ``server_rule`` field of FederatedConfig)."""
+
+from functools import partial
+
+from ..registry import Registry
+from .adaptive import AdaptiveServer
+from .mean import Mean
+from .momentum import ServerMomentum
+
+SERVER_RULES: Registry = Registry("server rule", "server_rule")
+SERVER_RULES.register("mean")(Mean)
+SERVER_RULES.register("momentum")(ServerMomentum)
+for _kind in ("adam", "yogi", "adagrad"):
+    SERVER_RULES.register(_kind)(partial(AdaptiveServer, _kind))
+
+__all__ = ["SERVER_RULES", "AdaptiveServer", "Mean", "ServerMomentum"]

@@ -1,0 +1,3 @@
+from .store import ClientStateStore
+
+__all__ = ["ClientStateStore"]
