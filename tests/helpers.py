@@ -1,0 +1,54 @@
+"""Builders for the small real models the tests train."""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig, TaskType, get_peft_model
+from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, ResNetConfig, \
+    ResNetForImageClassification
+
+from fedhf import FederatedConfig, FederatedTrainer
+from fedhf.metrics import accuracy_metrics
+
+
+def lora_minilm(path: str, dropout: bool = True, seed: int = 0):
+    torch.manual_seed(seed)
+    extra = {} if dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=3, **extra)
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1 if dropout else 0.0, target_modules=["query", "value"],
+                      task_type=TaskType.SEQ_CLS)
+    return get_peft_model(model, lora)
+
+
+def tiny_resnet(seed: int = 0):
+    torch.manual_seed(seed)
+    config = ResNetConfig(num_channels=1, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic",
+                          num_labels=10)
+    return ResNetForImageClassification(config)
+
+
+def config(tmp_path, **overrides) -> FederatedConfig:
+    base = dict(output_dir=str(tmp_path / "run"), report_to="none", disable_tqdm=True, logging_strategy="no",
+                save_strategy="no", seed=0, num_clients=4, clients_per_round=4, num_rounds=2, local_steps=2,
+                per_device_train_batch_size=16, per_device_eval_batch_size=128, use_cpu=True)
+    base.update(overrides)
+    return FederatedConfig(**base)
+
+
+def tweet_trainer(model, tweets, tokenizer, args, **kwargs) -> FederatedTrainer:
+    return FederatedTrainer(model=model, args=args, train_dataset=tweets["train"], eval_dataset=tweets["test"],
+                            data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy_metrics,
+                            **kwargs)
+
+
+def digit_trainer(model, digits, args, **kwargs) -> FederatedTrainer:
+    return FederatedTrainer(model=model, args=args, train_dataset=digits["train"], eval_dataset=digits["test"],
+                            compute_metrics=accuracy_metrics, **kwargs)
+
+
+def trainable_state(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def frozen_state(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}

@@ -1,0 +1,131 @@
+"""FederatedTrainer behaviour: input checks before training, communication accounting from real tensors,
+reproducibility, any torch optimizer, every named algorithm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+import fedhf
+from fedhf import FederatedTrainer
+
+from .helpers import config, digit_trainer, lora_minilm, tiny_resnet, trainable_state, tweet_trainer
+
+
+def _no_output(tmp_path):
+    run = tmp_path / "run"
+    return not run.exists() or not any(run.iterdir())
+
+
+def test_more_clients_than_rows_is_refused_before_training(digits, tmp_path):
+    small = {"train": digits["train"].select(range(5)), "test": digits["test"]}
+    with pytest.raises(ValueError, match="num_clients.*more than the 5 training rows"):
+        digit_trainer(tiny_resnet(), small, config(tmp_path, num_clients=6, clients_per_round=2, partition="iid"))
+    assert _no_output(tmp_path)
+
+
+def test_missing_label_column_is_refused(digits, tmp_path):
+    with pytest.raises(ValueError, match="partition_column.*'user'.*not a column"):
+        digit_trainer(tiny_resnet(), digits, config(tmp_path, partition_column="user"))
+    assert _no_output(tmp_path)
+
+
+def test_non_categorical_column_is_refused(digits, tmp_path):
+    with pytest.raises(ValueError, match="partition_column.*not categorical.*class_encode_column"):
+        digit_trainer(tiny_resnet(), digits, config(tmp_path, partition_column="pixel_values"))
+
+
+def test_model_without_trainable_parameters_is_refused(minilm, tweets, tokenizer, tmp_path):
+    model = AutoModelForSequenceClassification.from_pretrained(minilm, num_labels=3)
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters.*peft"):
+        tweet_trainer(model, tweets, tokenizer, config(tmp_path))
+    assert _no_output(tmp_path)
+
+
+def test_trainer_needs_a_federated_config(tmp_path):
+    from transformers import TrainingArguments
+
+    with pytest.raises(TypeError, match="FederatedConfig"):
+        FederatedTrainer(model=tiny_resnet(), args=TrainingArguments(output_dir=str(tmp_path), report_to="none"))
+
+
+def test_communication_is_counted_from_the_tensors_sent(digits, tmp_path):
+    model = tiny_resnet()
+    n_params = sum(p.numel() for p in model.parameters())
+    n_buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    unit = 4 * (n_params + n_buffers) / 2**20  # one fp32 copy of the federated state, in MB
+
+    def run(algorithm, name):
+        args = config(tmp_path / name, algorithm=algorithm, num_clients=5, clients_per_round=3, num_rounds=2,
+                      local_steps=1, eval_strategy="no")
+        trainer = digit_trainer(tiny_resnet(), digits, args)
+        trainer.train()
+        return trainer.federated_history[-1]
+
+    fedavg, scaffold = run("fedavg", "a"), run("scaffold", "b")
+    client_rounds = 2 * 3
+    assert fedavg["uplink_MB"] == pytest.approx(client_rounds * unit)
+    assert fedavg["downlink_MB"] == pytest.approx(client_rounds * unit)
+    # SCAFFOLD also sends Delta_c up and receives c down: the parameter part doubles both ways
+    extra = client_rounds * 4 * n_params / 2**20
+    assert scaffold["uplink_MB"] == pytest.approx(fedavg["uplink_MB"] + extra)
+    assert scaffold["downlink_MB"] == pytest.approx(fedavg["downlink_MB"] + extra)
+
+
+def test_same_seed_same_model_other_seed_other_model(digits, tmp_path):
+    def run(seed, name):
+        model = tiny_resnet()
+        args = config(tmp_path / name, seed=seed, num_clients=6, clients_per_round=3, num_rounds=2, local_steps=3,
+                      eval_strategy="no")
+        digit_trainer(model, digits, args).train()
+        return trainable_state(model)
+
+    a, b, c = run(0, "a"), run(0, "b"), run(1, "c")
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert any(not torch.equal(a[n], c[n]) for n in a)
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.RAdam, "Adagrad", "rmsprop"])
+def test_any_torch_optimizer_is_a_local_optimizer(digits, tmp_path, optimizer):
+    model = tiny_resnet()
+    before = trainable_state(model)
+    args = config(tmp_path, local_optimizer=optimizer, learning_rate=1e-2, eval_strategy="no")
+    trainer = digit_trainer(model, digits, args)
+    assert trainer.algorithm.optimizer.cls.__name__.lower() in {"radam", "adagrad", "rmsprop"}
+    trainer.train()
+    after = trainable_state(model)
+    assert all(not torch.equal(before[n], after[n]) for n in before)
+
+
+@pytest.mark.parametrize("name", fedhf.list_algorithms())
+def test_every_named_algorithm_trains_full_weights(digits, tmp_path, name):
+    model = tiny_resnet()
+    args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=3,
+                  eval_strategy="no")
+    trainer = digit_trainer(model, digits, args)
+    before = trainable_state(model)
+    output = trainer.train()
+    assert output.global_step == 2 and torch.isfinite(torch.tensor(output.training_loss))
+    assert any(not torch.equal(before[n], p) for n, p in trainable_state(model).items())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedcm", "fedadam"])
+def test_named_algorithms_train_lora(minilm, tweets, tokenizer, tmp_path, name):
+    model = lora_minilm(minilm)
+    before = trainable_state(model)
+    args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=2,
+                  eval_strategy="no")
+    tweet_trainer(model, tweets, tokenizer, args).train()
+    after = trainable_state(model)
+    assert all(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_save_every_rounds_writes_complete_adapters(minilm, tweets, tokenizer, tmp_path):
+    args = config(tmp_path, num_rounds=3, local_steps=1, save_every_rounds=1, eval_strategy="no")
+    tweet_trainer(lora_minilm(minilm), tweets, tokenizer, args).train()
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("round-*")) == ["round-1", "round-2"]  # the last is the user's to save
+    assert (run / "round-2" / "adapter_model.safetensors").exists()
+    assert not list(run.glob("*.tmp"))
