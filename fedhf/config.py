@@ -7,8 +7,10 @@ Differences from TrainingArguments, on purpose:
   (SGD-based federated algorithms want lr 0.1, not Trainer's 5e-5).
 * The learning rate follows ``round_lr_schedule`` over rounds (cosine by default, constant within a round, as
   in the papers); ``lr_scheduler_type``, ``max_steps`` and ``num_train_epochs`` are not used by the round loop.
-* ``logging_steps``/``eval_steps``/``save_steps`` are replaced by ``eval_every_rounds``/``save_every_rounds``:
-  one "step" of the trainer state is one round.
+* ``logging_steps``/``eval_strategy``/``save_steps`` are replaced by ``eval_every_rounds``/``save_every_rounds``:
+  one "step" of the trainer state is one round, every round is logged, and whenever an ``eval_dataset`` is
+  given the global model is evaluated every ``eval_every_rounds`` rounds and after the last (``eval_on_start``
+  adds round 0).
 """
 
 from __future__ import annotations

@@ -28,13 +28,13 @@ def tokenizer(minilm):
 
 @pytest.fixture(scope="session")
 def tweets(tokenizer):
-    """1,200 training and 300 held-out real tweets, tokenised (no padding)."""
+    """1,200 training and 300 held-out real tweets, tokenised to at most 32 tokens (no padding)."""
     from fedhf.data.bundled import load_tweets, subsample, tokenize_tweets
 
     splits = load_tweets()
     splits["train"] = subsample(splits["train"], 1200, seed=0)
     splits["test"] = subsample(splits["test"], 300, seed=0)
-    return tokenize_tweets(splits, tokenizer, max_length=48)
+    return tokenize_tweets(splits, tokenizer, max_length=32)
 
 
 @pytest.fixture(scope="session")

@@ -30,19 +30,21 @@ def tiny_resnet(seed: int = 0):
 def config(tmp_path, **overrides) -> FederatedConfig:
     base = dict(output_dir=str(tmp_path / "run"), report_to="none", disable_tqdm=True, logging_strategy="no",
                 save_strategy="no", seed=0, num_clients=4, clients_per_round=4, num_rounds=2, local_steps=2,
-                per_device_train_batch_size=16, per_device_eval_batch_size=128, use_cpu=True)
+                per_device_train_batch_size=16, per_device_eval_batch_size=128, use_cpu=True, eval_every_rounds=0)
     base.update(overrides)
     return FederatedConfig(**base)
 
 
-def tweet_trainer(model, tweets, tokenizer, args, **kwargs) -> FederatedTrainer:
-    return FederatedTrainer(model=model, args=args, train_dataset=tweets["train"], eval_dataset=tweets["test"],
+def tweet_trainer(model, tweets, tokenizer, args, evaluate: bool = True, **kwargs) -> FederatedTrainer:
+    eval_dataset = tweets["test"] if evaluate else None
+    return FederatedTrainer(model=model, args=args, train_dataset=tweets["train"], eval_dataset=eval_dataset,
                             data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy_metrics,
                             **kwargs)
 
 
-def digit_trainer(model, digits, args, **kwargs) -> FederatedTrainer:
-    return FederatedTrainer(model=model, args=args, train_dataset=digits["train"], eval_dataset=digits["test"],
+def digit_trainer(model, digits, args, evaluate: bool = True, **kwargs) -> FederatedTrainer:
+    eval_dataset = digits["test"] if evaluate else None
+    return FederatedTrainer(model=model, args=args, train_dataset=digits["train"], eval_dataset=eval_dataset,
                             compute_metrics=accuracy_metrics, **kwargs)
 
 

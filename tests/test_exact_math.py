@@ -13,8 +13,8 @@ from .helpers import config, lora_minilm, trainable_state, tweet_trainer
 
 def _run(minilm, tweets, tokenizer, tmp_path, name, partitions=None, **overrides):
     model = lora_minilm(minilm, dropout=False)
-    args = config(tmp_path / name, eval_strategy="no", **overrides)
-    trainer = tweet_trainer(model, tweets, tokenizer, args, client_partitions=partitions)
+    args = config(tmp_path / name, **overrides)
+    trainer = tweet_trainer(model, tweets, tokenizer, args, evaluate=False, client_partitions=partitions)
     trainer.train()
     return trainable_state(model)
 
@@ -35,9 +35,8 @@ def test_fedavg_one_client_one_step_is_one_centralised_sgd_step(minilm, tweets, 
     model.train()
     params = trainable_parameters(model)
     before = trainable_state(model)
-    train = tweets["train"].select(rows).remove_columns([])
+    train = tweets["train"].select(rows)
     batch = DataCollatorWithPadding(tokenizer)([train[i] for i in range(len(rows))])
-    batch["labels"] = batch.pop("label") if "label" in batch else batch["labels"]
     optimizer = torch.optim.SGD(params.values(), lr=lr, weight_decay=wd)
     model(**batch).loss.backward()
     torch.nn.utils.clip_grad_norm_(params.values(), clip)
@@ -49,9 +48,9 @@ def test_fedavg_one_client_one_step_is_one_centralised_sgd_step(minilm, tweets, 
 
 
 def test_scaffold_with_identical_clients_equals_fedavg(minilm, tweets, tokenizer, tmp_path):
-    rows = list(range(24))
+    rows = list(range(12))
     same = [rows] * 3  # every client holds the same data; one batch = all of it, so gradients agree
-    common = dict(num_clients=3, clients_per_round=3, num_rounds=3, local_steps=3, per_device_train_batch_size=24,
+    common = dict(num_clients=3, clients_per_round=3, num_rounds=3, local_steps=3, per_device_train_batch_size=12,
                   learning_rate=0.5)
     scaffold = _run(minilm, tweets, tokenizer, tmp_path, "scaffold", same, algorithm="scaffold", **common)
     fedavg = _run(minilm, tweets, tokenizer, tmp_path, "fedavg", same, algorithm="fedavg", **common)
@@ -59,8 +58,8 @@ def test_scaffold_with_identical_clients_equals_fedavg(minilm, tweets, tokenizer
 
 
 def test_scaffold_differs_from_fedavg_on_skewed_clients(minilm, tweets, tokenizer, tmp_path):
-    common = dict(num_clients=3, clients_per_round=3, num_rounds=3, local_steps=3, dirichlet_alpha=0.1,
-                  learning_rate=0.5, min_partition_size=16)
+    common = dict(num_clients=3, clients_per_round=3, num_rounds=2, local_steps=2, dirichlet_alpha=0.1,
+                  learning_rate=0.5, min_partition_size=16, per_device_train_batch_size=8)
     scaffold = _run(minilm, tweets, tokenizer, tmp_path, "scaffold", algorithm="scaffold", **common)
     fedavg = _run(minilm, tweets, tokenizer, tmp_path, "fedavg", algorithm="fedavg", **common)
     gap = max((scaffold[n] - fedavg[n]).abs().max().item() for n in fedavg)
@@ -68,7 +67,8 @@ def test_scaffold_differs_from_fedavg_on_skewed_clients(minilm, tweets, tokenize
 
 
 def test_fedprox_with_mu_zero_equals_fedavg(minilm, tweets, tokenizer, tmp_path):
-    common = dict(num_clients=4, clients_per_round=2, num_rounds=2, local_steps=3, learning_rate=0.3)
+    common = dict(num_clients=4, clients_per_round=2, num_rounds=2, local_steps=2, learning_rate=0.3,
+                  per_device_train_batch_size=8)
     prox = _run(minilm, tweets, tokenizer, tmp_path, "prox", algorithm="fedprox", algorithm_kwargs={"mu": 0.0}, **common)
     fedavg = _run(minilm, tweets, tokenizer, tmp_path, "fedavg", algorithm="fedavg", **common)
     _assert_close(prox, fedavg, atol=0.0)

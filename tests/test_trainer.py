@@ -59,8 +59,8 @@ def test_communication_is_counted_from_the_tensors_sent(digits, tmp_path):
 
     def run(algorithm, name):
         args = config(tmp_path / name, algorithm=algorithm, num_clients=5, clients_per_round=3, num_rounds=2,
-                      local_steps=1, eval_strategy="no")
-        trainer = digit_trainer(tiny_resnet(), digits, args)
+                      local_steps=1)
+        trainer = digit_trainer(tiny_resnet(), digits, args, evaluate=False)
         trainer.train()
         return trainer.federated_history[-1]
 
@@ -77,9 +77,8 @@ def test_communication_is_counted_from_the_tensors_sent(digits, tmp_path):
 def test_same_seed_same_model_other_seed_other_model(digits, tmp_path):
     def run(seed, name):
         model = tiny_resnet()
-        args = config(tmp_path / name, seed=seed, num_clients=6, clients_per_round=3, num_rounds=2, local_steps=3,
-                      eval_strategy="no")
-        digit_trainer(model, digits, args).train()
+        args = config(tmp_path / name, seed=seed, num_clients=6, clients_per_round=3, num_rounds=2, local_steps=3)
+        digit_trainer(model, digits, args, evaluate=False).train()
         return trainable_state(model)
 
     a, b, c = run(0, "a"), run(0, "b"), run(1, "c")
@@ -91,8 +90,8 @@ def test_same_seed_same_model_other_seed_other_model(digits, tmp_path):
 def test_any_torch_optimizer_is_a_local_optimizer(digits, tmp_path, optimizer):
     model = tiny_resnet()
     before = trainable_state(model)
-    args = config(tmp_path, local_optimizer=optimizer, learning_rate=1e-2, eval_strategy="no")
-    trainer = digit_trainer(model, digits, args)
+    args = config(tmp_path, local_optimizer=optimizer, learning_rate=1e-2)
+    trainer = digit_trainer(model, digits, args, evaluate=False)
     assert trainer.algorithm.optimizer.cls.__name__.lower() in {"radam", "adagrad", "rmsprop"}
     trainer.train()
     after = trainable_state(model)
@@ -102,9 +101,8 @@ def test_any_torch_optimizer_is_a_local_optimizer(digits, tmp_path, optimizer):
 @pytest.mark.parametrize("name", fedhf.list_algorithms())
 def test_every_named_algorithm_trains_full_weights(digits, tmp_path, name):
     model = tiny_resnet()
-    args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=3,
-                  eval_strategy="no")
-    trainer = digit_trainer(model, digits, args)
+    args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=3)
+    trainer = digit_trainer(model, digits, args, evaluate=False)
     before = trainable_state(model)
     output = trainer.train()
     assert output.global_step == 2 and torch.isfinite(torch.tensor(output.training_loss))
@@ -116,15 +114,15 @@ def test_named_algorithms_train_lora(minilm, tweets, tokenizer, tmp_path, name):
     model = lora_minilm(minilm)
     before = trainable_state(model)
     args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=2,
-                  eval_strategy="no")
-    tweet_trainer(model, tweets, tokenizer, args).train()
+                  per_device_train_batch_size=8)
+    tweet_trainer(model, tweets, tokenizer, args, evaluate=False).train()
     after = trainable_state(model)
     assert all(not torch.equal(before[n], after[n]) for n in before)
 
 
 def test_save_every_rounds_writes_complete_adapters(minilm, tweets, tokenizer, tmp_path):
-    args = config(tmp_path, num_rounds=3, local_steps=1, save_every_rounds=1, eval_strategy="no")
-    tweet_trainer(lora_minilm(minilm), tweets, tokenizer, args).train()
+    args = config(tmp_path, num_rounds=3, local_steps=1, save_every_rounds=1, per_device_train_batch_size=4)
+    tweet_trainer(lora_minilm(minilm), tweets, tokenizer, args, evaluate=False).train()
     run = tmp_path / "run"
     assert sorted(p.name for p in run.glob("round-*")) == ["round-1", "round-2"]  # the last is the user's to save
     assert (run / "round-2" / "adapter_model.safetensors").exists()

@@ -1,0 +1,31 @@
+"""The client state store keeps state per client id and, beyond its budget, on disk as safetensors."""
+
+from __future__ import annotations
+
+import torch
+
+from fedhf.state import ClientStateStore
+
+
+def test_state_beyond_the_budget_goes_to_disk_and_comes_back_exactly(tmp_path):
+    store = ClientStateStore(budget_bytes=3 * 1024, spill_dir=str(tmp_path))
+    saved = {}
+    for cid in range(10):
+        saved[cid] = {"c": torch.randn(256)}  # 1 KiB each
+        store.put(cid, "scaffold_c", saved[cid])
+    assert store.resident_bytes <= 3 * 1024
+    assert len(list(tmp_path.glob("*.safetensors"))) == 7
+    for cid in range(10):
+        assert torch.equal(store.get(cid, "scaffold_c")["c"], saved[cid]["c"])
+    assert store.get(99, "scaffold_c") is None
+    assert len(store) == 10
+
+
+def test_overwriting_a_spilled_entry_removes_its_file(tmp_path):
+    store = ClientStateStore(budget_bytes=1024, spill_dir=str(tmp_path))
+    store.put(0, "s", {"c": torch.zeros(256)})
+    store.put(1, "s", {"c": torch.ones(256)})  # pushes client 0 to disk
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1
+    store.put(0, "s", {"c": torch.full((256,), 2.0)})
+    assert torch.equal(store.get(0, "s")["c"], torch.full((256,), 2.0))
+    assert torch.equal(store.get(1, "s")["c"], torch.ones(256))
