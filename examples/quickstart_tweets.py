@@ -42,6 +42,7 @@ def main(argv=None) -> float:
     parser.set_defaults(**DEFAULTS)
     parser.add_argument("--train_rows", type=int, default=8000, help="Training tweets split over the clients.")
     parser.add_argument("--eval_rows", type=int, default=1000, help="Held-out tweets to evaluate on.")
+    parser.add_argument("--lora_dropout", type=float, default=0.0, help="LoRA dropout (0 is ~15%% faster on CPU).")
     args, extras = parser.parse_args_into_dataclasses(args=argv)
     torch.manual_seed(args.seed)
 
@@ -53,7 +54,7 @@ def main(argv=None) -> float:
     splits = tokenize_tweets(splits, tokenizer)
 
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.1, target_modules=["query", "value"],
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=extras.lora_dropout, target_modules=["query", "value"],
                                              task_type=TaskType.SEQ_CLS))
     trainer = FederatedTrainer(model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["test"],
                                data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,

@@ -33,6 +33,7 @@ from .aggregation import RoundSums
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
+from .hub import FEDERATED_TAGS, federated_card_section
 from .metrics import plot_history, write_json_atomic
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .schedule import round_learning_rate, sample_clients, stream_seed
@@ -219,6 +220,16 @@ class FederatedTrainer(Trainer):
             yield from loader
 
     # ------------------------------------------------------------------ outputs
+    def create_model_card(self, *args, tags=None, **kwargs) -> None:
+        """Trainer's card, tagged and with a section saying how the model was trained federatedly."""
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        super().create_model_card(*args, tags=tags + [t for t in FEDERATED_TAGS if t not in tags], **kwargs)
+        path = os.path.join(self.args.output_dir, "README.md")
+        if self.is_world_process_zero() and os.path.exists(path):
+            with open(path, "a") as f:
+                f.write(federated_card_section(self.args, self.algorithm, self.partition_summary,
+                                               self.federated_history))
+
     def _record(self, entry: dict) -> None:
         self.federated_history.append(entry)
         if self.is_world_process_zero():

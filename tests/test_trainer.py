@@ -127,3 +127,13 @@ def test_save_every_rounds_writes_complete_adapters(minilm, tweets, tokenizer, t
     assert sorted(p.name for p in run.glob("round-*")) == ["round-1", "round-2"]  # the last is the user's to save
     assert (run / "round-2" / "adapter_model.safetensors").exists()
     assert not list(run.glob("*.tmp"))
+
+
+def test_model_card_says_how_the_model_was_trained(digits, tmp_path):
+    args = config(tmp_path, algorithm="scaffold", num_rounds=1, local_steps=1)
+    trainer = digit_trainer(tiny_resnet(), digits, args)
+    trainer.train()
+    trainer.create_model_card()
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "federated-learning" in card and "## Federated training (fedhf)" in card
+    assert "**scaffold**" in card and "| clients (N) | 4 |" in card and "final eval_accuracy" in card
