@@ -54,6 +54,9 @@ class FederatedConfig(TrainingArguments):
     client_weighting: str = field(
         default="uniform",
         metadata={"help": "Weight w_i of a client in the means: 'uniform' (every seed paper) or 'num_samples'."})
+    max_update_norm: Optional[float] = field(
+        default=None,
+        metadata={"help": "Exclude a client whose update norm exceeds this (non-finite loss or update always is)."})
     # --- the split ---
     partition: str = field(default="dirichlet", metadata={"help": f"How rows go to clients: {PARTITIONERS}."})
     partition_column: str = field(
@@ -116,6 +119,7 @@ class FederatedConfig(TrainingArguments):
             (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
             (self.weight_decay is None or self.weight_decay >= 0, "`weight_decay` must be >= 0"),
+            (self.max_update_norm is None or self.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),
             (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
             (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
             (self.gradient_accumulation_steps == 1,

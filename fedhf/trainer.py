@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from transformers import Trainer
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import TrainOutput
+from transformers.utils import logging
 
 from .aggregation import RoundSums
 from .config import FederatedConfig
@@ -40,6 +41,7 @@ from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore
 
 HISTORY_FILE = "federated_history.json"
+logger = logging.get_logger(__name__)
 
 
 class FederatedTrainer(Trainer):
@@ -137,23 +139,26 @@ class FederatedTrainer(Trainer):
 
             sums.all_reduce()
             total_weight = sums.scalar("w")
-            mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", global_params).items()}
-            server_ctx = ServerContext(round=r, round_lr=round_lr, local_steps=args.local_steps,
-                                       num_clients=args.num_clients, sums=sums, global_params=global_params,
-                                       mean_delta=mean_delta)
-            correction_state = algo.correction.server_update(correction_state, server_ctx)
-            global_params, server_state = algo.server.apply(global_params, mean_delta, server_state)
-            if global_buffers:
-                global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", global_buffers).items()}
+            if total_weight > 0:
+                mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", global_params).items()}
+                server_ctx = ServerContext(round=r, round_lr=round_lr, local_steps=args.local_steps,
+                                           num_clients=args.num_clients, sums=sums, global_params=global_params,
+                                           mean_delta=mean_delta)
+                correction_state = algo.correction.server_update(correction_state, server_ctx)
+                global_params, server_state = algo.server.apply(global_params, mean_delta, server_state)
+                if global_buffers:
+                    global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", global_buffers).items()}
+            else:
+                logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
             load_into(params, global_params)
             load_into(buffers, global_buffers)
 
             self.state.global_step = r + 1
             self.state.epoch = float(r + 1)
-            round_loss = sums.scalar("loss") / total_weight
+            round_loss = sums.scalar("loss") / total_weight if total_weight > 0 else float("nan")
             losses.append(round_loss)
             entry = {"round": r + 1, "train_loss": round_loss, "learning_rate": round_lr,
-                     "participants": int(sums.scalar("n")),
+                     "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
                      "uplink_MB": communicated["uplink"] / 2**20, "downlink_MB": communicated["downlink"] / 2**20,
                      "communicated_MB": (communicated["uplink"] + communicated["downlink"]) / 2**20}
             self.log(dict(entry))
@@ -170,7 +175,7 @@ class FederatedTrainer(Trainer):
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         if self.is_world_process_zero():
             plot_history(self.federated_history, os.path.join(args.output_dir, "federated_history.png"))
-        metrics = {"train_loss": float(np.mean(losses)), "train_runtime": time.time() - start,
+        metrics = {"train_loss": float(np.nanmean(losses)) if not np.all(np.isnan(losses)) else float("nan"), "train_runtime": time.time() - start,
                    "rounds": self.state.global_step, **{k: v for k, v in entry.items() if k.endswith("_MB")}}
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
@@ -190,7 +195,15 @@ class FederatedTrainer(Trainer):
             self.optimizer.step()
             algo.correction.after_step(ctx)
             self.optimizer.zero_grad(set_to_none=True)
-        ctx.send("dx", difference(ctx.params, ctx.global_params), scale=ctx.weight)
+        delta = difference(ctx.params, ctx.global_params)
+        problem = self._faulty(loss_sum, delta)
+        if problem:
+            # Excluded from every sum (and its persistent state is left as it was), so it cannot poison the round.
+            logger.warning("round %d: client %d excluded (%s)", ctx.round + 1, ctx.client_id, problem)
+            ctx.sums.add("excluded", 1.0)
+            self.optimizer = None
+            return
+        ctx.send("dx", delta, scale=ctx.weight)
         if buffers:
             ctx.send("buf", snapshot(buffers), scale=ctx.weight)
         algo.correction.client_end(ctx)
@@ -198,6 +211,17 @@ class FederatedTrainer(Trainer):
         ctx.sums.add("n", 1.0)
         ctx.sums.add("loss", loss_sum / args.local_steps, scale=ctx.weight)
         self.optimizer = None
+
+    def _faulty(self, loss_sum: torch.Tensor, delta: Dict[str, torch.Tensor]) -> Optional[str]:
+        if not torch.isfinite(loss_sum):
+            return "non-finite loss"
+        squared = sum(d.double().pow(2).sum() for d in delta.values())
+        if not torch.isfinite(squared):
+            return "non-finite update"
+        bound = self.args.max_update_norm
+        if bound is not None and squared.sqrt() > bound:
+            return f"update norm {squared.sqrt():.3g} > max_update_norm {bound}"
+        return None
 
     def _client_weight(self, cid: int) -> float:
         return float(len(self.client_partitions[cid])) if self.args.client_weighting == "num_samples" else 1.0

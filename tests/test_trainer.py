@@ -137,3 +137,35 @@ def test_model_card_says_how_the_model_was_trained(digits, tmp_path):
     card = (tmp_path / "run" / "README.md").read_text()
     assert "federated-learning" in card and "## Federated training (fedhf)" in card
     assert "**scaffold**" in card and "| clients (N) | 4 |" in card and "final eval_accuracy" in card
+
+
+class _PoisonedClient(FederatedTrainer):
+    """Client 1 produces a NaN loss every round (a broken device, an overflow)."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        return loss * float("nan") if self._current_client == 1 else loss
+
+    def _train_client(self, ctx, buffers):
+        self._current_client = ctx.client_id
+        super()._train_client(ctx, buffers)
+
+
+def test_a_client_that_returns_nan_is_excluded_and_the_run_completes(digits, tmp_path):
+    args = config(tmp_path, num_clients=3, clients_per_round=3, num_rounds=2, local_steps=2)
+    model = tiny_resnet()
+    trainer = _PoisonedClient(model=model, args=args, train_dataset=digits["train"])
+    trainer.train()
+    assert [h["excluded_clients"] for h in trainer.federated_history] == [1, 1]
+    assert [h["participants"] for h in trainer.federated_history] == [2, 2]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_update_norm_bound_excludes_everyone_and_leaves_the_model_unchanged(digits, tmp_path):
+    args = config(tmp_path, num_clients=3, clients_per_round=3, num_rounds=1, local_steps=2, max_update_norm=1e-9)
+    model = tiny_resnet()
+    before = trainable_state(model)
+    trainer = digit_trainer(model, digits, args, evaluate=False)
+    trainer.train()
+    assert trainer.federated_history[-1]["excluded_clients"] == 3
+    assert all(torch.equal(before[n], p) for n, p in trainable_state(model).items())
