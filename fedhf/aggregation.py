@@ -8,7 +8,7 @@ messages, spreading clients over processes costs exactly one all-reduce per roun
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional
+from typing import Dict, Iterable, Mapping
 
 import torch
 
@@ -48,13 +48,27 @@ class RoundSums:
     def keys(self) -> Iterable[str]:
         return self._sums.keys()
 
-    def all_reduce(self, group: Optional[object] = None) -> None:
-        """Sum over processes (no-op when torch.distributed is not initialised).
+    def all_reduce(self) -> None:
+        """Sum over processes: one all-reduce of every sum packed into a single buffer.
 
-        All ranks must hold the same keys; keys a rank never saw are created as zeros by the caller
-        contract that every process runs the same algorithm over the same parameter names.
+        A process may have trained no client (or only excluded ones) this round, so the key sets can differ:
+        they are agreed first (a small gather of names and shapes), missing keys count as zeros.
+        No-op when torch.distributed is not initialised.
         """
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
-        for key in sorted(self._sums):
-            torch.distributed.all_reduce(self._sums[key], group=group)
+        shapes = [None] * dist.get_world_size()
+        dist.all_gather_object(shapes, {k: tuple(v.shape) for k, v in self._sums.items()})
+        for rank_shapes in shapes:
+            for key, shape in rank_shapes.items():
+                if key not in self._sums:
+                    self._sums[key] = torch.zeros(shape, dtype=torch.float64)
+        keys = sorted(self._sums)
+        flat = torch.cat([self._sums[k].reshape(-1) for k in keys])
+        dist.all_reduce(flat)
+        offset = 0
+        for key in keys:
+            n = self._sums[key].numel()
+            self._sums[key] = flat[offset:offset + n].view_as(self._sums[key])
+            offset += n

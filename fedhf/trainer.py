@@ -125,7 +125,8 @@ class FederatedTrainer(Trainer):
             clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
             sums = RoundSums()
             downlink_each = num_bytes(global_params) + num_bytes(global_buffers) + num_bytes(correction_state)
-            for cid in tqdm(clients, desc=f"round {r + 1}/{args.num_rounds}", leave=False, disable=args.disable_tqdm):
+            for cid in tqdm(self._clients_of_this_process(clients), desc=f"round {r + 1}/{args.num_rounds}",
+                            leave=False, disable=args.disable_tqdm or not self.is_local_process_zero()):
                 ctx = ClientContext(
                     client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
                     local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
@@ -134,10 +135,12 @@ class FederatedTrainer(Trainer):
                 load_into(params, global_params)
                 load_into(buffers, global_buffers)
                 self._train_client(ctx, buffers)
-                communicated["uplink"] += ctx.uplink_bytes
-                communicated["downlink"] += downlink_each
+                sums.add("uplink_bytes", ctx.uplink_bytes)
+                sums.add("downlink_bytes", downlink_each)
 
-            sums.all_reduce()
+            sums.all_reduce()  # the only communication between processes in a round
+            communicated["uplink"] += sums.scalar("uplink_bytes")
+            communicated["downlink"] += sums.scalar("downlink_bytes")
             total_weight = sums.scalar("w")
             if total_weight > 0:
                 mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", global_params).items()}
@@ -223,6 +226,12 @@ class FederatedTrainer(Trainer):
             return f"update norm {squared.sqrt():.3g} > max_update_norm {bound}"
         return None
 
+    def _clients_of_this_process(self, clients: List[int]) -> List[int]:
+        """A fixed client -> process map (client id modulo world size), so per-client state stays where its
+        client trains. Every random draw inside a client comes from its own (seed, round, client) stream, so the
+        result does not depend on the number of processes."""
+        return [c for c in clients if c % self.args.world_size == self.args.process_index]
+
     def _client_weight(self, cid: int) -> float:
         return float(len(self.client_partitions[cid])) if self.args.client_weighting == "num_samples" else 1.0
 
@@ -263,8 +272,11 @@ class FederatedTrainer(Trainer):
         """Save the global model to output_dir/round-N, atomically: a crash leaves no half-written folder."""
         final = os.path.join(self.args.output_dir, f"round-{round_number}")
         tmp = final + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        if self.is_world_process_zero():
+            shutil.rmtree(tmp, ignore_errors=True)
         self.save_model(tmp)
+        if not self.is_world_process_zero():
+            return
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -1,0 +1,40 @@
+"""A small federated run used by test_multiprocess.py, launched with 1 or 2 processes:
+
+    torchrun --standalone --nproc_per_node 2 tests/multiprocess_run.py ALGORITHM OUT.safetensors
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fedhf.data.bundled import load_digits_images  # noqa: E402
+from tests.helpers import config, digit_trainer, tiny_resnet  # noqa: E402
+
+
+def main(algorithm: str, out: str) -> None:
+    import pathlib
+
+    torch.set_num_threads(1)
+    digits = load_digits_images()
+    model = tiny_resnet()
+    args = config(pathlib.Path(out).parent / f"run-{algorithm}", algorithm=algorithm, num_clients=6,
+                  clients_per_round=4, num_rounds=3, local_steps=3, dirichlet_alpha=0.5, partition_report=False)
+    trainer = digit_trainer(model, digits, args, evaluate=False)
+    trainer.train()
+    if trainer.is_world_process_zero():
+        state = {n: p.detach().contiguous() for n, p in model.named_parameters()}
+        state.update({n: b.detach().contiguous() for n, b in model.named_buffers() if b.is_floating_point()})
+        save_file(state, out)
+        print("world_size", args.world_size, "history", trainer.federated_history[-1])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

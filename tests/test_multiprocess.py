@@ -1,0 +1,37 @@
+"""2 processes (torchrun, gloo on CPU) give the same global model as 1 process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "multiprocess_run.py")
+TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+
+
+def _run(n_processes, algorithm, out):
+    if n_processes == 1:
+        command = [sys.executable, SCRIPT, algorithm, str(out)]
+    else:
+        command = [TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), SCRIPT, algorithm, str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"world_size {n_processes}" in done.stdout
+    return load_file(str(out))
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed")
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam"])
+def test_two_processes_give_the_same_global_model_as_one(tmp_path, algorithm):
+    one = _run(1, algorithm, tmp_path / "one.safetensors")
+    two = _run(2, algorithm, tmp_path / "two.safetensors")
+    assert one.keys() == two.keys()
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
