@@ -92,7 +92,9 @@ class FederatedConfig(TrainingArguments):
     eval_every_rounds: int = field(
         default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})
     save_every_rounds: int = field(
-        default=0, metadata={"help": "Save the global model to output_dir/round-N every N rounds; 0 = never."})
+        default=0,
+        metadata={"help": "Every N rounds write output_dir/checkpoint-round-N (the run's full state, to resume "
+                          "with train(resume_from_checkpoint=...), and the global model under model/); 0 = never."})
     partition_report: bool = field(
         default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training."})
 

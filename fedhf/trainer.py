@@ -16,7 +16,6 @@ A round, top to bottom (ALGORITHMS.md section 4)::
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -38,7 +37,9 @@ from .hub import FEDERATED_TAGS, federated_card_section
 from .metrics import plot_history, write_json_atomic
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .schedule import round_learning_rate, sample_clients, stream_seed
-from .state import ClientStateStore
+from .state import ClientStateStore, latest_checkpoint, load_checkpoint, save_checkpoint
+from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from .state.run import RunState, fingerprint
 
 HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
@@ -94,93 +95,101 @@ class FederatedTrainer(Trainer):
 
     # ------------------------------------------------------------------ the round loop
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
-        if resume_from_checkpoint:
-            raise NotImplementedError("Resuming a federated run is not supported yet; start the run again.")
-        args, algo = self.args, self.algorithm
+        """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-round-N`` folder, or True for the latest in
+        ``output_dir``; the resumed run ends with the same model as an uninterrupted one."""
+        args = self.args
         start = time.time()
+        checkpoint = self._resolve_checkpoint(resume_from_checkpoint)  # checked before any work starts
         self._train_data, self._collator = self._client_data_pipeline()
+        params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
+        if checkpoint is None:
+            run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server.init(snapshot(params)),
+                           self.algorithm.correction.server_init(snapshot(params)))
+            self.federated_history = []
+        else:
+            run = self._restore(checkpoint)
         if args.partition_report and self.is_world_process_zero():
-            report = dict(self.partition_summary)
-            report.update(algorithm=algo.describe())
-            save_partition_report(report, args.output_dir)
-
-        params = trainable_parameters(self.model)
-        buffers = federated_buffers(self.model)
-        global_params, global_buffers = snapshot(params), snapshot(buffers)
-        server_state = algo.server.init(global_params)
-        correction_state = algo.correction.server_init(global_params)
+            save_partition_report({**self.partition_summary, "algorithm": self.algorithm.describe()}, args.output_dir)
+        load_into(params, run.global_params)
+        load_into(buffers, run.global_buffers)
         self.current_gradient_accumulation_steps = 1
-        self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds)
+        self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds,
+                                  global_step=run.rounds_done)
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        communicated = {"uplink": 0, "downlink": 0}
-        if args.eval_on_start and self.eval_dataset is not None:
+        if args.eval_on_start and self.eval_dataset is not None and checkpoint is None:
             self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval)})
 
-        losses = []
-        for r in range(args.num_rounds):
+        while run.rounds_done < args.num_rounds and not self.control.should_training_stop:
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-            round_lr = round_learning_rate(algo.optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
-            clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
-            sums = RoundSums()
-            downlink_each = num_bytes(global_params) + num_bytes(global_buffers) + num_bytes(correction_state)
-            for cid in tqdm(self._clients_of_this_process(clients), desc=f"round {r + 1}/{args.num_rounds}",
-                            leave=False, disable=args.disable_tqdm or not self.is_local_process_zero()):
-                ctx = ClientContext(
-                    client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
-                    local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
-                    global_params=global_params, server_state=correction_state, store=self.client_store, sums=sums,
-                )
-                load_into(params, global_params)
-                load_into(buffers, global_buffers)
-                self._train_client(ctx, buffers)
-                sums.add("uplink_bytes", ctx.uplink_bytes)
-                sums.add("downlink_bytes", downlink_each)
-
-            sums.all_reduce()  # the only communication between processes in a round
-            communicated["uplink"] += sums.scalar("uplink_bytes")
-            communicated["downlink"] += sums.scalar("downlink_bytes")
-            total_weight = sums.scalar("w")
-            if total_weight > 0:
-                mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", global_params).items()}
-                server_ctx = ServerContext(round=r, round_lr=round_lr, local_steps=args.local_steps,
-                                           num_clients=args.num_clients, sums=sums, global_params=global_params,
-                                           mean_delta=mean_delta)
-                correction_state = algo.correction.server_update(correction_state, server_ctx)
-                global_params, server_state = algo.server.apply(global_params, mean_delta, server_state)
-                if global_buffers:
-                    global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", global_buffers).items()}
-            else:
-                logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
-            load_into(params, global_params)
-            load_into(buffers, global_buffers)
-
-            self.state.global_step = r + 1
-            self.state.epoch = float(r + 1)
-            round_loss = sums.scalar("loss") / total_weight if total_weight > 0 else float("nan")
-            losses.append(round_loss)
-            entry = {"round": r + 1, "train_loss": round_loss, "learning_rate": round_lr,
-                     "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
-                     "uplink_MB": communicated["uplink"] / 2**20, "downlink_MB": communicated["downlink"] / 2**20,
-                     "communicated_MB": (communicated["uplink"] + communicated["downlink"]) / 2**20}
+            entry = self._run_round(run, params, buffers)
+            self.state.global_step = run.rounds_done
+            self.state.epoch = float(run.rounds_done)
             self.log(dict(entry))
-            last = r + 1 == args.num_rounds
-            if self.eval_dataset is not None and (last or (args.eval_every_rounds and (r + 1) % args.eval_every_rounds == 0)):
+            last = run.rounds_done == args.num_rounds
+            if self.eval_dataset is not None and (last or (args.eval_every_rounds
+                                                           and run.rounds_done % args.eval_every_rounds == 0)):
                 entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
-            if args.save_every_rounds and (r + 1) % args.save_every_rounds == 0 and not last:
-                self._save_round(r + 1)
             self._record(entry)
+            if args.save_every_rounds and run.rounds_done % args.save_every_rounds == 0:
+                self._save_checkpoint(run)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-            if self.control.should_training_stop:
-                break
 
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         if self.is_world_process_zero():
             plot_history(self.federated_history, os.path.join(args.output_dir, "federated_history.png"))
-        metrics = {"train_loss": float(np.nanmean(losses)) if not np.all(np.isnan(losses)) else float("nan"), "train_runtime": time.time() - start,
-                   "rounds": self.state.global_step, **{k: v for k, v in entry.items() if k.endswith("_MB")}}
-        return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
+        finite = [x for x in run.losses if np.isfinite(x)]
+        metrics = {"train_loss": float(np.mean(finite)) if finite else float("nan"),
+                   "train_runtime": time.time() - start, "rounds": run.rounds_done,
+                   "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20}
+        return TrainOutput(run.rounds_done, metrics["train_loss"], metrics)
+
+    def _run_round(self, run: RunState, params, buffers) -> dict:
+        """One round: this process's clients, one all-reduce, the server update. Returns the round's log."""
+        args, algo, r = self.args, self.algorithm, run.rounds_done
+        round_lr = round_learning_rate(algo.optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
+        clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
+        sums = RoundSums()
+        downlink_each = num_bytes(run.global_params) + num_bytes(run.global_buffers) + num_bytes(run.correction_state)
+        for cid in tqdm(self._clients_of_this_process(clients), desc=f"round {r + 1}/{args.num_rounds}",
+                        leave=False, disable=args.disable_tqdm or not self.is_local_process_zero()):
+            ctx = ClientContext(
+                client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
+                local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
+                global_params=run.global_params, server_state=run.correction_state, store=self.client_store,
+                sums=sums,
+            )
+            load_into(params, run.global_params)
+            load_into(buffers, run.global_buffers)
+            self._train_client(ctx, buffers)
+            sums.add("uplink_bytes", ctx.uplink_bytes)
+            sums.add("downlink_bytes", downlink_each)
+
+        sums.all_reduce()  # the only communication between processes in a round
+        total_weight = sums.scalar("w")
+        if total_weight > 0:
+            mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
+            server_ctx = ServerContext(round=r, round_lr=round_lr, local_steps=args.local_steps,
+                                       num_clients=args.num_clients, sums=sums, global_params=run.global_params,
+                                       mean_delta=mean_delta)
+            run.correction_state = algo.correction.server_update(run.correction_state, server_ctx)
+            run.global_params, run.server_state = algo.server.apply(run.global_params, mean_delta, run.server_state)
+            if run.global_buffers:
+                run.global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", run.global_buffers).items()}
+        else:
+            logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
+        load_into(params, run.global_params)
+        load_into(buffers, run.global_buffers)
+
+        run.rounds_done = r + 1
+        run.uplink_bytes += sums.scalar("uplink_bytes")
+        run.downlink_bytes += sums.scalar("downlink_bytes")
+        run.losses.append(sums.scalar("loss") / total_weight if total_weight > 0 else float("nan"))
+        return {"round": r + 1, "train_loss": run.losses[-1], "learning_rate": round_lr,
+                "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
+                "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20,
+                "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20}
 
     # ------------------------------------------------------------------ one client
     def _train_client(self, ctx: ClientContext, buffers: Dict[str, torch.Tensor]) -> None:
@@ -268,15 +277,60 @@ class FederatedTrainer(Trainer):
         if self.is_world_process_zero():
             write_json_atomic(self.federated_history, os.path.join(self.args.output_dir, HISTORY_FILE))
 
-    def _save_round(self, round_number: int) -> None:
-        """Save the global model to output_dir/round-N, atomically: a crash leaves no half-written folder."""
-        final = os.path.join(self.args.output_dir, f"round-{round_number}")
-        tmp = final + ".tmp"
-        if self.is_world_process_zero():
-            shutil.rmtree(tmp, ignore_errors=True)
-        self.save_model(tmp)
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, run: RunState) -> None:
+        """output_dir/checkpoint-round-N: the run's state (safetensors + JSON, checksummed, written atomically)
+        and the global model as ``save_model`` writes it, under model/."""
+        clients = self._gather_client_store()
         if not self.is_world_process_zero():
             return
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        meta = {**run.meta(), "history": self.federated_history, "fingerprint": fingerprint(self.args, self.algorithm)}
+        directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
+        save_checkpoint(directory, {**run.tensor_groups(), "client_store": clients}, meta,
+                        write_extra=self._write_model)
+
+    def _write_model(self, directory: str) -> None:
+        """The global model (a peft adapter or full weights) as safetensors, with its tokenizer/processor;
+        unlike ``save_model`` it writes no pickled training_args.bin."""
+        self.model.save_pretrained(os.path.join(directory, "model"), safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(os.path.join(directory, "model"))
+
+    def _gather_client_store(self) -> Dict[str, torch.Tensor]:
+        """Every process's client states, on the main process (per-client state lives where its client trains)."""
+        local = self.client_store.to_tensors()
+        dist = torch.distributed
+        if self.args.world_size == 1 or not dist.is_initialized():
+            return local
+        parts = [None] * self.args.world_size
+        dist.all_gather_object(parts, local)  # between this run's own processes only
+        return {k: v for part in parts for k, v in part.items()}
+
+    def _resolve_checkpoint(self, resume_from_checkpoint) -> Optional[str]:
+        if not resume_from_checkpoint:
+            return None
+        if resume_from_checkpoint is True:
+            path = latest_checkpoint(self.args.output_dir)
+            if path is None:
+                raise ValueError(f"`resume_from_checkpoint=True` but {self.args.output_dir} holds no complete "
+                                 f"{CHECKPOINT_PREFIX}N folder; pass a path, or set `save_every_rounds` to write them.")
+            return path
+        if not os.path.isdir(resume_from_checkpoint):
+            raise ValueError(f"`resume_from_checkpoint`={resume_from_checkpoint!r} is not a folder.")
+        return resume_from_checkpoint
+
+    def _restore(self, path: str) -> RunState:
+        groups, meta = load_checkpoint(path)
+        expected = fingerprint(self.args, self.algorithm)
+        stored = meta.get("fingerprint", {})
+        mismatched = sorted(k for k in expected if stored.get(k) != expected[k])
+        if mismatched:
+            details = "; ".join(f"{k}: checkpoint {stored.get(k)!r}, now {expected[k]!r}" for k in mismatched)
+            raise ValueError(f"Checkpoint {path} was written by a different run ({details}). Resume with the same "
+                             "settings, or start a new run in another output_dir.")
+        run = RunState.from_checkpoint(groups, meta)
+        world, rank = self.args.world_size, self.args.process_index
+        self.client_store.load_tensors(groups.get("client_store", {}), keep=lambda cid: cid % world == rank)
+        self.federated_history = list(meta["history"])
+        logger.info("resumed from %s after round %d", path, run.rounds_done)
+        return run

@@ -120,12 +120,14 @@ def test_named_algorithms_train_lora(minilm, tweets, tokenizer, tmp_path, name):
     assert all(not torch.equal(before[n], after[n]) for n in before)
 
 
-def test_save_every_rounds_writes_complete_adapters(minilm, tweets, tokenizer, tmp_path):
-    args = config(tmp_path, num_rounds=3, local_steps=1, save_every_rounds=1, per_device_train_batch_size=4)
+def test_save_every_rounds_writes_complete_checkpoints_with_the_adapter(minilm, tweets, tokenizer, tmp_path):
+    args = config(tmp_path, num_rounds=3, local_steps=1, save_every_rounds=2, per_device_train_batch_size=4)
     tweet_trainer(lora_minilm(minilm), tweets, tokenizer, args, evaluate=False).train()
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.glob("round-*")) == ["round-1", "round-2"]  # the last is the user's to save
-    assert (run / "round-2" / "adapter_model.safetensors").exists()
+    assert sorted(p.name for p in run.glob("checkpoint-round-*")) == ["checkpoint-round-2"]
+    files = {p.relative_to(run / "checkpoint-round-2").as_posix() for p in (run / "checkpoint-round-2").rglob("*")}
+    assert {"manifest.json", "meta.json", "global_params.safetensors", "model/adapter_model.safetensors"} <= files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]  # no pickles
     assert not list(run.glob("*.tmp"))
 
 

@@ -45,6 +45,28 @@ class ClientStateStore:
         self._forget(key)
         self._keep(key, {k: v.detach().contiguous() for k, v in tensors.items()})
 
+    def to_tensors(self) -> TensorDict:
+        """Every entry as one flat dict keyed ``"<client>/<name>/<tensor>"`` (for checkpoints)."""
+        out = {}
+        for client_id, name in sorted(set(self._memory) | set(self._on_disk)):
+            tensors = self._memory.get((client_id, name))
+            if tensors is None:
+                tensors = load_file(self._on_disk[(client_id, name)])
+            out.update({f"{client_id}/{name}/{k}": v for k, v in tensors.items()})
+        return out
+
+    def load_tensors(self, flat: TensorDict, keep=lambda client_id: True) -> None:
+        """Replace the contents with ``to_tensors()`` output, keeping only the clients ``keep`` accepts."""
+        for key in list(self._memory) + list(self._on_disk):
+            self._forget(key)
+        grouped: Dict[Key, TensorDict] = {}
+        for flat_key, tensor in flat.items():
+            client_id, name, tensor_name = flat_key.split("/", 2)
+            if keep(int(client_id)):
+                grouped.setdefault((int(client_id), name), {})[tensor_name] = tensor
+        for (client_id, name), tensors in grouped.items():
+            self.put(client_id, name, tensors)
+
     def __len__(self) -> int:
         return len(self._memory) + len(self._on_disk)
 
