@@ -8,7 +8,7 @@ messages, spreading clients over processes costs exactly one all-reduce per roun
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping
+from typing import Dict, Iterable, List, Mapping, Tuple
 
 import torch
 
@@ -20,6 +20,8 @@ class RoundSums:
 
     def __init__(self) -> None:
         self._sums: Dict[str, torch.Tensor] = {}
+        # (client id, update) pairs, only for server rules that gather instead of sum (robust aggregators).
+        self.gathered: List[Tuple[int, TensorDict]] = []
 
     def add(self, key: str, value, scale: float = 1.0) -> None:
         value = torch.as_tensor(value, dtype=torch.float64)
@@ -48,16 +50,27 @@ class RoundSums:
     def keys(self) -> Iterable[str]:
         return self._sums.keys()
 
-    def all_reduce(self) -> None:
+    def gather(self, client_id: int, tensors: TensorDict) -> None:
+        self.gathered.append((int(client_id), {k: v.detach() for k, v in tensors.items()}))
+
+    def gathered_in_client_order(self) -> List[TensorDict]:
+        return [tensors for _, tensors in sorted(self.gathered, key=lambda item: item[0])]
+
+    def all_reduce(self, gather: bool = False) -> None:
         """Sum over processes: one all-reduce of every sum packed into a single buffer.
 
         A process may have trained no client (or only excluded ones) this round, so the key sets can differ:
         they are agreed first (a small gather of names and shapes), missing keys count as zeros.
+        ``gather=True`` (the same on every process) also shares the individually gathered updates.
         No-op when torch.distributed is not initialised.
         """
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
+        if gather:  # robust aggregation: every process needs every update (between our own processes)
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, self.gathered)
+            self.gathered = [item for part in parts for item in part]
         shapes = [None] * dist.get_world_size()
         dist.all_gather_object(shapes, {k: tuple(v.shape) for k, v in self._sums.items()})
         for rank_shapes in shapes:

@@ -166,7 +166,7 @@ class FederatedTrainer(Trainer):
             sums.add("uplink_bytes", ctx.uplink_bytes)
             sums.add("downlink_bytes", downlink_each)
 
-        sums.all_reduce()  # the only communication between processes in a round
+        sums.all_reduce(gather=getattr(algo.server, "gathers", False))  # the round's only communication
         total_weight = sums.scalar("w")
         if total_weight > 0:
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
@@ -174,7 +174,9 @@ class FederatedTrainer(Trainer):
                                        num_clients=args.num_clients, sums=sums, global_params=run.global_params,
                                        mean_delta=mean_delta)
             run.correction_state = algo.correction.server_update(run.correction_state, server_ctx)
-            run.global_params, run.server_state = algo.server.apply(run.global_params, mean_delta, run.server_state)
+            extra = {"gathered": sums.gathered_in_client_order()} if getattr(algo.server, "gathers", False) else {}
+            run.global_params, run.server_state = algo.server.apply(run.global_params, mean_delta, run.server_state,
+                                                                    **extra)
             if run.global_buffers:
                 run.global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", run.global_buffers).items()}
         else:
@@ -216,6 +218,8 @@ class FederatedTrainer(Trainer):
             self.optimizer = None
             return
         ctx.send("dx", delta, scale=ctx.weight)
+        if getattr(algo.server, "gathers", False):
+            ctx.sums.gather(ctx.client_id, delta)
         if buffers:
             ctx.send("buf", snapshot(buffers), scale=ctx.weight)
         algo.correction.client_end(ctx)

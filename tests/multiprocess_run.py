@@ -1,6 +1,6 @@
 """A small federated run used by test_multiprocess.py, launched with 1 or 2 processes:
 
-    torchrun --standalone --nproc_per_node 2 tests/multiprocess_run.py ALGORITHM OUT.safetensors
+    torchrun --standalone --nproc_per_node 2 tests/multiprocess_run.py ALGORITHM[:SERVER_RULE] OUT.safetensors
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from fedhf.data.bundled import load_digits_images  # noqa: E402
 from tests.helpers import config, digit_trainer, tiny_resnet  # noqa: E402
 
 
-def main(algorithm: str, out: str) -> None:
+def main(spec: str, out: str) -> None:
+    """spec: ALGORITHM or ALGORITHM:SERVER_RULE (e.g. fedavg:median)."""
     import pathlib
 
+    algorithm, _, server_rule = spec.partition(":")
     torch.set_num_threads(1)
     digits = load_digits_images()
     model = tiny_resnet()
-    args = config(pathlib.Path(out).parent / f"run-{algorithm}", algorithm=algorithm, num_clients=6,
+    args = config(pathlib.Path(out).parent / f"run-{algorithm}", algorithm=algorithm, server_rule=server_rule or None,
+                  num_clients=6,
                   clients_per_round=4, num_rounds=3, local_steps=3, dirichlet_alpha=0.5, partition_report=False)
     trainer = digit_trainer(model, digits, args, evaluate=False)
     trainer.train()

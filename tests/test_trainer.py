@@ -171,3 +171,27 @@ def test_update_norm_bound_excludes_everyone_and_leaves_the_model_unchanged(digi
     trainer.train()
     assert trainer.federated_history[-1]["excluded_clients"] == 3
     assert all(torch.equal(before[n], p) for n, p in trainable_state(model).items())
+
+
+class _AdversarialClient(FederatedTrainer):
+    """Client 0 sends a huge update every round (a model-poisoning attack)."""
+
+    def _faulty(self, loss_sum, delta):
+        if self._current_client == 0:
+            for d in delta.values():
+                d.fill_(1e4)
+        return super()._faulty(loss_sum, delta)
+
+    def _train_client(self, ctx, buffers):
+        self._current_client = ctx.client_id
+        super()._train_client(ctx, buffers)
+
+
+@pytest.mark.parametrize("rule, bounded", [("mean", False), ("median", True), ("trimmed_mean", True)])
+def test_robust_server_rules_resist_a_poisoning_client_end_to_end(digits, tmp_path, rule, bounded):
+    model = tiny_resnet()
+    args = config(tmp_path, num_clients=5, clients_per_round=5, num_rounds=1, local_steps=2, server_rule=rule,
+                  server_rule_kwargs={"trim_fraction": 0.2} if rule == "trimmed_mean" else None)
+    _AdversarialClient(model=model, args=args, train_dataset=digits["train"]).train()
+    largest = max(p.detach().abs().max().item() for p in model.parameters())
+    assert (largest < 100) == bounded

@@ -6,11 +6,14 @@ from ..registry import Registry
 from .adaptive import AdaptiveServer
 from .mean import Mean
 from .momentum import ServerMomentum
+from .robust import RobustAggregator
 
 SERVER_RULES: Registry = Registry("server rule", "server_rule")
 SERVER_RULES.register("mean")(Mean)
 SERVER_RULES.register("momentum")(ServerMomentum)
 for _kind in ("adam", "yogi", "adagrad"):
     SERVER_RULES.register(_kind)(partial(AdaptiveServer, _kind))
+for _kind in ("median", "trimmed_mean"):  # these gather the individual updates instead of summing them
+    SERVER_RULES.register(_kind)(partial(RobustAggregator, _kind))
 
-__all__ = ["SERVER_RULES", "AdaptiveServer", "Mean", "ServerMomentum"]
+__all__ = ["SERVER_RULES", "AdaptiveServer", "Mean", "RobustAggregator", "ServerMomentum"]
