@@ -57,6 +57,12 @@ class FederatedConfig(TrainingArguments):
     max_update_norm: Optional[float] = field(
         default=None,
         metadata={"help": "Exclude a client whose update norm exceeds this (non-finite loss or update always is)."})
+    client_state_budget_mb: Optional[float] = field(
+        default=None,
+        metadata={"help": "RAM for per-client state (SCAFFOLD c_i, ...); beyond it, least recently used clients "
+                          "go to `client_state_dir` as safetensors. Default: unlimited."})
+    client_state_dir: Optional[str] = field(
+        default=None, metadata={"help": "Where per-client state spills to; default: output_dir/client_state."})
     # --- the split ---
     partition: str = field(default="dirichlet", metadata={"help": f"How rows go to clients: {PARTITIONERS}."})
     partition_column: str = field(
@@ -122,6 +128,8 @@ class FederatedConfig(TrainingArguments):
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
             (self.weight_decay is None or self.weight_decay >= 0, "`weight_decay` must be >= 0"),
             (self.max_update_norm is None or self.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),
+            (self.client_state_budget_mb is None or self.client_state_budget_mb >= 0,
+             "`client_state_budget_mb` must be >= 0 or unset"),
             (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
             (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
             (self.gradient_accumulation_steps == 1,

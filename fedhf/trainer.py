@@ -75,7 +75,11 @@ class FederatedTrainer(Trainer):
             self.client_partitions = self._check_partitions(client_partitions)
             self.partition_summary = {"num_clients": len(self.client_partitions),
                                       "sizes": [len(p) for p in self.client_partitions]}
-        self.client_store = ClientStateStore()
+        budget = None if args.client_state_budget_mb is None else int(args.client_state_budget_mb * 2**20)
+        spill_dir = args.client_state_dir or os.path.join(args.output_dir, "client_state")
+        if args.world_size > 1:  # each process spills the clients it owns
+            spill_dir = os.path.join(spill_dir, f"process-{args.process_index}")
+        self.client_store = ClientStateStore(budget, spill_dir)
         self.federated_history: List[dict] = []
 
     def _check_partitions(self, parts) -> List[np.ndarray]:

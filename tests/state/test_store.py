@@ -29,3 +29,24 @@ def test_overwriting_a_spilled_entry_removes_its_file(tmp_path):
     store.put(0, "s", {"c": torch.full((256,), 2.0)})
     assert torch.equal(store.get(0, "s")["c"], torch.full((256,), 2.0))
     assert torch.equal(store.get(1, "s")["c"], torch.ones(256))
+
+
+def test_a_run_with_a_small_budget_spills_and_matches_the_unlimited_run(digits, tmp_path):
+    from tests.helpers import config, digit_trainer, tiny_resnet, trainable_state
+
+    def run(name, budget_mb):
+        model = tiny_resnet()
+        args = config(tmp_path / name, algorithm="scaffold", num_clients=30, clients_per_round=10, num_rounds=4,
+                      local_steps=1, partition="iid", client_state_budget_mb=budget_mb)
+        trainer = digit_trainer(model, digits, args, evaluate=False)
+        trainer.train()
+        return trainer, trainable_state(model)
+
+    state_size = sum(p.numel() * 4 for p in tiny_resnet().parameters())
+    budget_mb = 3 * state_size / 2**20  # room for 3 clients' c_i
+    limited, limited_model = run("limited", budget_mb)
+    unlimited, unlimited_model = run("unlimited", None)
+    assert limited.client_store.resident_bytes <= budget_mb * 2**20
+    assert len(limited.client_store) == len(unlimited.client_store) > 20
+    assert len(list((tmp_path / "limited" / "run" / "client_state").glob("*.safetensors"))) >= 17
+    assert all(torch.equal(limited_model[n], unlimited_model[n]) for n in unlimited_model)
