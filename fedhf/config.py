@@ -101,6 +101,11 @@ class FederatedConfig(TrainingArguments):
         default=0,
         metadata={"help": "Every N rounds write output_dir/checkpoint-round-N (the run's full state, to resume "
                           "with train(resume_from_checkpoint=...), and the global model under model/); 0 = never."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Allow a new run in an output_dir that holds an earlier federated run (its history is "
+                          "replaced, same-numbered checkpoints are rewritten). Off by default so nothing saved is "
+                          "lost silently."})
     partition_report: bool = field(
         default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training."})
 

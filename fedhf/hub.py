@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import List
 
+from .metrics.history import is_quality_metric
+
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
 
 
@@ -34,8 +36,7 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
     if history:
         last = history[-1]
         lines.append(f"| communicated (up + down) | {last.get('communicated_MB', 0.0):.1f} MB |")
-        evals = {k: v for k, v in last.items() if k.startswith("eval_") and isinstance(v, float)
-                 and not k.endswith(("_runtime", "_per_second", "_preparation_time"))}
+        evals = {k: v for k, v in last.items() if (is_quality_metric(k) or k == "eval_loss") and isinstance(v, float)}
         for key, value in sorted(evals.items()):
             lines.append(f"| final {key} | {value:.4f} |")
     return "\n".join(lines) + "\n"

@@ -104,6 +104,8 @@ class FederatedTrainer(Trainer):
         args = self.args
         start = time.time()
         checkpoint = self._resolve_checkpoint(resume_from_checkpoint)  # checked before any work starts
+        if checkpoint is None:
+            self._refuse_to_overwrite_an_earlier_run()
         self._train_data, self._collator = self._client_data_pipeline()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
@@ -313,6 +315,15 @@ class FederatedTrainer(Trainer):
         parts = [None] * self.args.world_size
         dist.all_gather_object(parts, local)  # between this run's own processes only
         return {k: v for part in parts for k, v in part.items()}
+
+    def _refuse_to_overwrite_an_earlier_run(self) -> None:
+        out = self.args.output_dir
+        earlier = os.path.exists(os.path.join(out, HISTORY_FILE)) or latest_checkpoint(out) is not None
+        if earlier and not self.args.overwrite_output_dir:
+            raise ValueError(
+                f"{out} holds an earlier federated run ({HISTORY_FILE} or {CHECKPOINT_PREFIX}N). Resume it with "
+                "`train(resume_from_checkpoint=True)`, choose another `output_dir`, or set `overwrite_output_dir=True` "
+                "to replace it.")
 
     def _resolve_checkpoint(self, resume_from_checkpoint) -> Optional[str]:
         if not resume_from_checkpoint:

@@ -195,3 +195,14 @@ def test_robust_server_rules_resist_a_poisoning_client_end_to_end(digits, tmp_pa
     _AdversarialClient(model=model, args=args, train_dataset=digits["train"]).train()
     largest = max(p.detach().abs().max().item() for p in model.parameters())
     assert (largest < 100) == bounded
+
+
+def test_an_earlier_run_is_not_overwritten_silently(digits, tmp_path):
+    args = config(tmp_path, num_rounds=1, local_steps=1)
+    digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
+    history = (tmp_path / "run" / "federated_history.json").read_text()
+    with pytest.raises(ValueError, match="earlier federated run.*resume_from_checkpoint=True.*overwrite_output_dir"):
+        digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
+    assert (tmp_path / "run" / "federated_history.json").read_text() == history
+    again = config(tmp_path, num_rounds=1, local_steps=1, overwrite_output_dir=True)
+    digit_trainer(tiny_resnet(), digits, again, evaluate=False).train()

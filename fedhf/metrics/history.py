@@ -23,6 +23,12 @@ def write_json_atomic(obj, path: str) -> None:
         raise
 
 
+def is_quality_metric(key: str) -> bool:
+    """eval_accuracy, eval_f1, ... -- not the loss and not Trainer's timing entries."""
+    return key.startswith("eval_") and key != "eval_loss" and not key.endswith(
+        ("_runtime", "_per_second", "_preparation_time"))
+
+
 def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -> Optional[str]:
     """Eval metric and train/eval loss against rounds and against total communicated MB (up + down).
 
@@ -37,9 +43,7 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
         return None
     evals = [h for h in history if any(k.startswith("eval_") for k in h)]
     if metric is None:
-        candidates = [k for h in evals for k in h if k.startswith("eval_") and k not in
-                      ("eval_loss", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second")]
-        metric = candidates[0] if candidates else "eval_loss"
+        metric = next((k for h in evals for k in h if is_quality_metric(k)), "eval_loss")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, x_key, x_label in ((axes[0], "round", "round"), (axes[1], "communicated_MB", "communicated MB (up + down)")):
         xs = [h[x_key] for h in evals if metric in h]
@@ -54,6 +58,8 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
             loss_ax.plot([h[x_key] for h in evals if "eval_loss" in h], [h["eval_loss"] for h in evals if "eval_loss" in h],
                          "--", color="tab:red", label="eval_loss")
         loss_ax.set_ylabel("loss", color="tab:red")
+        handles = ax.get_legend_handles_labels()[0] + loss_ax.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, loc="center right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

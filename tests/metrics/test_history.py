@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from fedhf.metrics import accuracy_metrics, plot_history, write_json_atomic
+from fedhf.metrics.history import is_quality_metric
+
+
+def test_quality_metrics_exclude_loss_and_timings():
+    keys = ["eval_loss", "eval_model_preparation_time", "eval_runtime", "eval_samples_per_second", "eval_accuracy"]
+    assert [k for k in keys if is_quality_metric(k)] == ["eval_accuracy"]
+
+
+def test_accuracy_from_logits():
+    class Pred:
+        predictions = np.array([[0.1, 0.9], [2.0, 1.0], [0.0, 3.0]])
+        label_ids = np.array([1, 1, 1])
+
+    assert accuracy_metrics(Pred()) == {"accuracy": 2 / 3}
+
+
+def test_history_json_is_replaced_whole_and_plotted(tmp_path):
+    history = [{"round": 0, "communicated_MB": 0.0, "eval_loss": 1.1, "eval_accuracy": 0.3},
+               {"round": 1, "communicated_MB": 2.0, "train_loss": 0.9, "eval_loss": 1.0, "eval_accuracy": 0.5}]
+    path = tmp_path / "h.json"
+    write_json_atomic(history, str(path))
+    write_json_atomic(history[:1], str(path))
+    assert json.loads(path.read_text()) == history[:1]
+    assert [p.name for p in tmp_path.iterdir()] == ["h.json"]  # no temporary file left behind
+    assert plot_history(history, str(tmp_path / "h.png")) == str(tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 1000
