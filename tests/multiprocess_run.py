@@ -27,7 +27,7 @@ def main(spec: str, out: str) -> None:
     torch.set_num_threads(1)
     digits = load_digits_images()
     model = tiny_resnet()
-    args = config(pathlib.Path(out).parent / f"run-{algorithm}", algorithm=algorithm, server_rule=server_rule or None,
+    args = config(pathlib.Path(out).with_suffix(""), algorithm=algorithm, server_rule=server_rule or None,
                   num_clients=6,
                   clients_per_round=4, num_rounds=3, local_steps=3, dirichlet_alpha=0.5, partition_report=False)
     trainer = digit_trainer(model, digits, args, evaluate=False)

@@ -22,7 +22,7 @@ def _config(tmp_path, **kw):
     ({"algorithm": "fedsomething"}, "Unknown algorithm 'fedsomething' in `algorithm`.*fedavg"),
     ({"local_optimizer": "adamm"}, "Unknown local optimizer 'adamm' in `local_optimizer`"),
     ({"correction": "magic"}, "Unknown correction 'magic' in `correction`.*proximal"),
-    ({"server_rule": "median"}, "Unknown server rule 'median'.*yogi"),
+    ({"server_rule": "krum"}, "Unknown server rule 'krum'.*trimmed_mean"),
     ({"partition": "shards"}, "partition"),
     ({"algorithm_kwargs": {"nope": 1}}, "algorithm_kwargs.*fedavg"),
     ({"local_optimizer": "adamw", "local_optimizer_kwargs": {"nesterov": True}}, "AdamW does not accept.*nesterov"),
