@@ -15,7 +15,6 @@ install: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install $(TORCH)
 	$(PY) -m pip install -e ".[demo,dev]"
 	$(PY) -c "import torch; assert '+cu' not in torch.__version__, torch.__version__; print('torch', torch.__version__)"
@@ -28,7 +27,8 @@ test: $(STAMP)
 	$(RUN_ENV) $(PY) -m pytest -q -x tests
 
 benchmarks: $(STAMP)
-	$(RUN_ENV) $(PY) benchmarks/overhead.py
+	$(RUN_ENV) $(PY) benchmarks/overhead.py | grep -v "^{" | tee benchmarks/overhead_result.txt
+	$(RUN_ENV) $(PY) benchmarks/memory.py | tee benchmarks/memory_result.txt
 
 clean:
 	rm -rf $(VENV) outputs .cache

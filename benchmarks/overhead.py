@@ -50,7 +50,7 @@ def time_plain(path, data, steps, out):
 def time_federated(path, data, rounds, clients, local_steps, out):
     args = FederatedConfig(num_clients=clients, clients_per_round=clients, num_rounds=rounds, local_steps=local_steps,
                            partition="iid", algorithm="local_adamw", round_lr_schedule="constant",
-                           partition_report=False, **common_args(out))
+                           partition_report=False, overwrite_output_dir=True, **common_args(out))
     trainer = FederatedTrainer(model=build_model(path), args=args, train_dataset=data)
     start = time.perf_counter()
     trainer.train()
