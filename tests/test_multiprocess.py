@@ -12,14 +12,19 @@ import torch
 from safetensors.torch import load_file
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "multiprocess_run.py")
-TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+BIN = os.path.dirname(sys.executable)
+TORCHRUN = shutil.which("torchrun", path=BIN) or shutil.which("torchrun")
+ACCELERATE = shutil.which("accelerate", path=BIN) or shutil.which("accelerate")
 
 
-def _run(n_processes, algorithm, out):
+def _run(n_processes, algorithm, out, launcher="torchrun"):
     if n_processes == 1:
         command = [sys.executable, SCRIPT, algorithm, str(out)]
-    else:
+    elif launcher == "torchrun":
         command = [TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), SCRIPT, algorithm, str(out)]
+    else:  # the CPU command documented in the README (plain --cpu would start a single process)
+        command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(n_processes), "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT, algorithm, str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -33,5 +38,13 @@ def test_two_processes_give_the_same_global_model_as_one(tmp_path, algorithm):
     one = _run(1, algorithm, tmp_path / "one.safetensors")
     two = _run(2, algorithm, tmp_path / "two.safetensors")
     assert one.keys() == two.keys()
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.skipif(ACCELERATE is None, reason="accelerate launcher not installed")
+def test_accelerate_launch_gives_the_same_global_model(tmp_path):
+    one = _run(1, "scaffold", tmp_path / "one.safetensors")
+    two = _run(2, "scaffold", tmp_path / "two.safetensors", launcher="accelerate")
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
