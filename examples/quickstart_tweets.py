@@ -2,9 +2,11 @@
 
 12 clients over a Dirichlet(0.3) label-skewed split (most clients hold one or two of the three classes),
 6 of them per round, 10 local steps each, 30 rounds of SCAFFOLD (plain SGD clients plus control variates that
-cancel client drift). Everything is bundled with the ``demo`` extras (no network). Run with ``make demo`` or::
+cancel client drift); the settings are the recipe recipes/tweets_minilm_lora_scaffold_dir0.3_n12.yaml, and any
+FederatedConfig flag overrides them. Everything is bundled with the ``demo`` extras (no network). Run with
+``make demo`` or::
 
-    python examples/quickstart_tweets.py --output_dir outputs/quickstart
+    python examples/quickstart_tweets.py --output_dir outputs/quickstart [--algorithm fedavg ...]
 
 Writes federated_history.json and federated_history.png (accuracy/loss against rounds and communicated MB),
 partition.json/.png and the final LoRA adapter to --output_dir, and prints the final eval accuracy.
@@ -12,12 +14,14 @@ partition.json/.png and the final LoRA adapter to --output_dir, and prints the f
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from peft import LoraConfig, TaskType, get_peft_model  # noqa: E402
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,  # noqa: E402
                           HfArgumentParser)
@@ -26,25 +30,23 @@ from fedhf import FederatedConfig, FederatedTrainer  # noqa: E402
 from fedhf.data.bundled import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
 from fedhf.metrics import accuracy_metrics  # noqa: E402
 
-DEFAULTS = dict(
-    output_dir="outputs/quickstart", overwrite_output_dir=True,  # the demo regenerates its own outputs
-    num_clients=12, clients_per_round=6, num_rounds=30, local_steps=10,
-    partition="dirichlet", dirichlet_alpha=0.3, min_partition_size=20,
-    algorithm="scaffold", learning_rate=1.0,
-    per_device_train_batch_size=16, per_device_eval_batch_size=128,
-    eval_every_rounds=5, eval_on_start=True, bf16=True, use_cpu=not torch.cuda.is_available(), seed=0,
-    report_to="none",
-    logging_strategy="no", save_strategy="no",
-)
+RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes",
+                      "tweets_minilm_lora_scaffold_dir0.3_n12.yaml")
 
 
 def main(argv=None) -> float:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--recipe", default=RECIPE, help="YAML of FederatedConfig fields; flags override it.")
+    known, rest = pre.parse_known_args(argv)
+    with open(known.recipe) as f:
+        recipe = yaml.safe_load(f)
+    recipe.setdefault("use_cpu", not torch.cuda.is_available())  # bf16 autocast on CPU needs use_cpu
     parser = HfArgumentParser(FederatedConfig)
-    parser.set_defaults(**DEFAULTS)
+    parser.set_defaults(**recipe)
     parser.add_argument("--train_rows", type=int, default=8000, help="Training tweets split over the clients.")
     parser.add_argument("--eval_rows", type=int, default=1000, help="Held-out tweets to evaluate on.")
     parser.add_argument("--lora_dropout", type=float, default=0.0, help="LoRA dropout (0 is ~15%% faster on CPU).")
-    args, extras = parser.parse_args_into_dataclasses(args=argv)
+    args, extras = parser.parse_args_into_dataclasses(args=rest)
     torch.manual_seed(args.seed)
 
     path = minilm_path()
@@ -55,8 +57,9 @@ def main(argv=None) -> float:
     splits = tokenize_tweets(splits, tokenizer)
 
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=3)
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=extras.lora_dropout, target_modules=["query", "value"],
-                                             task_type=TaskType.SEQ_CLS))
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=extras.lora_dropout, target_modules=["query", "value"],
+                      task_type=TaskType.SEQ_CLS)
+    model = get_peft_model(model, lora)
     trainer = FederatedTrainer(model=model, args=args, train_dataset=splits["train"], eval_dataset=splits["test"],
                                data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
                                compute_metrics=accuracy_metrics)
