@@ -67,6 +67,8 @@ class FederatedTrainer(Trainer):
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
         self.algorithm = args.build_algorithm()
+        # Robust aggregators need each client's update, not just the sums (see fedhf.server.robust).
+        self._server_gathers = bool(getattr(self.algorithm.server, "gathers", False))
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
                 raise ValueError("Pass `client_partitions` when `train_dataset` is not a datasets.Dataset.")
@@ -172,7 +174,7 @@ class FederatedTrainer(Trainer):
             sums.add("uplink_bytes", ctx.uplink_bytes)
             sums.add("downlink_bytes", downlink_each)
 
-        sums.all_reduce(gather=getattr(algo.server, "gathers", False))  # the round's only communication
+        sums.all_reduce(gather=self._server_gathers)  # the round's only communication
         total_weight = sums.scalar("w")
         if total_weight > 0:
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
@@ -180,7 +182,7 @@ class FederatedTrainer(Trainer):
                                        num_clients=args.num_clients, sums=sums, global_params=run.global_params,
                                        mean_delta=mean_delta)
             run.correction_state = algo.correction.server_update(run.correction_state, server_ctx)
-            extra = {"gathered": sums.gathered_in_client_order()} if getattr(algo.server, "gathers", False) else {}
+            extra = {"gathered": sums.gathered_in_client_order()} if self._server_gathers else {}
             run.global_params, run.server_state = algo.server.apply(run.global_params, mean_delta, run.server_state,
                                                                     **extra)
             if run.global_buffers:
@@ -201,38 +203,44 @@ class FederatedTrainer(Trainer):
 
     # ------------------------------------------------------------------ one client
     def _train_client(self, ctx: ClientContext, buffers: Dict[str, torch.Tensor]) -> None:
-        args, algo, model = self.args, self.algorithm, self.model
-        torch.manual_seed(stream_seed(args.seed, ctx.round, ctx.client_id, 1))  # dropout: per-client stream
-        self.optimizer = algo.optimizer.build(ctx.params, ctx.local_lr)
+        """K local steps from x^r, then the client's message (or its exclusion) into the round's sums."""
+        algo = self.algorithm
         algo.correction.client_begin(ctx)
-        batches = self._client_batches(ctx.client_id, ctx.round)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for _ in range(args.local_steps):
-            loss_sum += self.training_step(model, next(batches)).double()
-            if args.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
-            algo.correction.before_step(ctx)
-            self.optimizer.step()
-            algo.correction.after_step(ctx)
-            self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = self._local_steps(ctx)
         delta = difference(ctx.params, ctx.global_params)
         problem = self._faulty(loss_sum, delta)
         if problem:
             # Excluded from every sum (and its persistent state is left as it was), so it cannot poison the round.
             logger.warning("round %d: client %d excluded (%s)", ctx.round + 1, ctx.client_id, problem)
             ctx.sums.add("excluded", 1.0)
-            self.optimizer = None
             return
         ctx.send("dx", delta, scale=ctx.weight)
-        if getattr(algo.server, "gathers", False):
+        if self._server_gathers:
             ctx.sums.gather(ctx.client_id, delta)
         if buffers:
             ctx.send("buf", snapshot(buffers), scale=ctx.weight)
         algo.correction.client_end(ctx)
         ctx.sums.add("w", ctx.weight)
         ctx.sums.add("n", 1.0)
-        ctx.sums.add("loss", loss_sum / args.local_steps, scale=ctx.weight)
+        ctx.sums.add("loss", loss_sum / self.args.local_steps, scale=ctx.weight)
+
+    def _local_steps(self, ctx: ClientContext) -> torch.Tensor:
+        """The local loop; returns the summed loss. A fresh optimizer per client round (state sync "reset")."""
+        args, correction = self.args, self.algorithm.correction
+        torch.manual_seed(stream_seed(args.seed, ctx.round, ctx.client_id, 1))  # dropout: per-client stream
+        self.optimizer = self.algorithm.optimizer.build(ctx.params, ctx.local_lr)
+        batches = self._client_batches(ctx.client_id, ctx.round)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for _ in range(args.local_steps):
+            loss_sum += self.training_step(self.model, next(batches)).double()
+            if args.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
+            correction.before_step(ctx)
+            self.optimizer.step()
+            correction.after_step(ctx)
+            self.optimizer.zero_grad(set_to_none=True)
         self.optimizer = None
+        return loss_sum
 
     def _faulty(self, loss_sum: torch.Tensor, delta: Dict[str, torch.Tensor]) -> Optional[str]:
         if not torch.isfinite(loss_sum):
