@@ -48,6 +48,18 @@ def local_adamw(lr: float = 3e-4, weight_decay: float = 0.01, betas=(0.9, 0.999)
     return Algorithm("local_adamw", opt)
 
 
+@ALGORITHMS.register("local_muon")
+def local_muon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.95, weight_decay: float = 0.01,
+               routing: str = "ndim>=2") -> Algorithm:
+    """Local Muon, state reset every round (FedPAC Alg. 1 / FedMuon baseline): torch.optim.Muon on matrices
+    (LoRA A and B separately), AdamW (betas 0.9/0.95) on the rest. Sends Delta up, x down (|x| each).
+    Defaults: FedPAC Table 8 (Muon momentum 0.95, wd 0.01); Muon lr = lr * muon_lr_mult = 3e-2 as in its
+    "Local Muon: lr 3e-2", aux AdamW lr 3e-4 (Keller Jordan's default)."""
+    opt = LocalOptimizer("muon", {"lr": lr, "muon_lr_mult": muon_lr_mult, "momentum": momentum,
+                                  "weight_decay": weight_decay, "routing": routing})
+    return Algorithm("local_muon", opt)
+
+
 @ALGORITHMS.register("fedavgm")
 def fedavgm(lr: float = 0.1, weight_decay: float = 1e-4, server_lr: float = 1.0, server_momentum: float = 0.9) -> Algorithm:
     """FedAvgM, server momentum (Hsu et al., 2019). Sends |x| each way. Defaults: FedPM Table 4."""

@@ -15,10 +15,12 @@ from typing import Any, Dict, Mapping, Union
 import torch
 
 from ..registry import Registry
+from .muon import MuonAdamW
 
 LOCAL_OPTIMIZERS: Registry[type] = Registry("local optimizer", "local_optimizer")
 LOCAL_OPTIMIZERS.register("sgd")(torch.optim.SGD)  # coupled weight decay, ALGORITHMS.md 1.1
 LOCAL_OPTIMIZERS.register("adamw")(torch.optim.AdamW)  # ALGORITHMS.md 1.2
+LOCAL_OPTIMIZERS.register("muon")(MuonAdamW)  # ALGORITHMS.md 1.3: Muon for matrices, AdamW for the rest
 
 
 def resolve_optimizer_class(name_or_class: Union[str, type]) -> type:
@@ -85,4 +87,6 @@ class LocalOptimizer:
 
     def build(self, params: Dict[str, torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
         kwargs = {**self.kwargs, "lr": lr}
-        return self.cls(list(params.values()), **kwargs)
+        cls = self.cls
+        chosen = list(params.items()) if getattr(cls, "accepts_named_params", False) else list(params.values())
+        return cls(chosen, **kwargs)
