@@ -13,7 +13,6 @@ import tempfile
 from collections import OrderedDict
 from typing import Dict, Optional, Tuple
 
-import torch
 from safetensors.torch import load_file, save_file
 
 from ..params import TensorDict, num_bytes
