@@ -3,12 +3,13 @@
 Every client turns its round into a message of named tensors (``dx.<param>``, ``dc.<param>``, scalars such as
 ``w`` and ``loss``). The round's messages are added into one :class:`RoundSums`; every server rule then runs
 deterministically on the sums (ALGORITHMS.md section 4.2). Because nothing needs the list of individual
-messages, spreading clients over processes costs exactly one all-reduce per round (:meth:`all_reduce`).
+messages, spreading clients over processes costs exactly one all-reduce per round (:meth:`all_reduce`). The one
+exception is the robust aggregators, which say so (``gathers = True``) and receive every update (:meth:`gather`).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Tuple
 
 import torch
 
@@ -46,9 +47,6 @@ class RoundSums:
             total = self._sums.get(f"{prefix}.{name}")
             out[name] = torch.zeros_like(ref) if total is None else total.to(ref.dtype)
         return out
-
-    def keys(self) -> Iterable[str]:
-        return self._sums.keys()
 
     def gather(self, client_id: int, tensors: TensorDict) -> None:
         self.gathered.append((int(client_id), {k: v.detach() for k, v in tensors.items()}))

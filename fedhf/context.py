@@ -1,4 +1,4 @@
-"""What a client and the server see during a round; passed to corrections, syncs and server rules."""
+"""What a client and the server see during a round; passed to the corrections and server rules."""
 
 from __future__ import annotations
 
