@@ -28,8 +28,9 @@ def _assert_unchanged(before, after):
 def test_minilm_lora_on_tweets_learns(minilm, tweets, tokenizer, tmp_path):
     model = lora_minilm(minilm)
     trainable, frozen = trainable_state(model), frozen_state(model)
-    args = config(tmp_path, num_clients=6, clients_per_round=3, num_rounds=4, local_steps=12, dirichlet_alpha=0.5,
-                  algorithm="local_adamw", learning_rate=2e-3, eval_every_rounds=2, bf16=True)
+    # Accuracy at round 5 over seeds 0-3 measured 0.60 / 0.51 / 0.51 / 0.52 against a majority class of 0.41.
+    args = config(tmp_path, num_clients=6, clients_per_round=6, num_rounds=5, local_steps=8, dirichlet_alpha=0.5,
+                  algorithm="scaffold", learning_rate=1.0, eval_every_rounds=2, bf16=True)
     trainer = tweet_trainer(model, tweets, tokenizer, args)
     trainer.train()
     _assert_changed(trainable, trainable_state(model))
@@ -39,7 +40,7 @@ def test_minilm_lora_on_tweets_learns(minilm, tweets, tokenizer, tmp_path):
     assert final["eval_accuracy"] > majority + 0.05, (final, majority)
     # outputs a user relies on: history JSON, the plot and the partition report
     history = json.loads((tmp_path / "run" / "federated_history.json").read_text())
-    assert [h["round"] for h in history] == [1, 2, 3, 4]
+    assert [h["round"] for h in history] == [1, 2, 3, 4, 5]
     assert {"train_loss", "uplink_MB", "downlink_MB", "participants"} <= history[0].keys()
     for name in ("federated_history.png", "partition.json", "partition.png"):
         assert (tmp_path / "run" / name).exists(), name
