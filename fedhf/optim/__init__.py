@@ -58,6 +58,7 @@ class LocalOptimizer:
 
     def __post_init__(self) -> None:
         cls = resolve_optimizer_class(self.optimizer)
+        object.__setattr__(self, "_cls", cls)  # resolved once; build() runs for every client round
         accepted = inspect.signature(cls.__init__).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
             unknown = sorted(set(self.kwargs) - set(accepted))
@@ -69,7 +70,7 @@ class LocalOptimizer:
 
     @property
     def cls(self) -> type:
-        return resolve_optimizer_class(self.optimizer)
+        return self._cls
 
     @property
     def lr(self) -> float:

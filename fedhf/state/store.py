@@ -34,7 +34,9 @@ class ClientStateStore:
             self._memory.move_to_end(key)
             return self._memory[key]
         if key in self._on_disk:
-            tensors = load_file(self._on_disk.pop(key))
+            path = self._on_disk.pop(key)
+            tensors = load_file(path)
+            os.remove(path)  # back in memory; a later spill writes it again
             self._keep(key, tensors)
             return tensors
         return None
