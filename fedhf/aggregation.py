@@ -40,6 +40,16 @@ class RoundSums:
     def scalar(self, key: str, default: float = 0.0) -> float:
         return float(self._sums[key]) if key in self._sums else default
 
+    def keys(self) -> List[str]:
+        return list(self._sums)
+
+    def get(self, key: str) -> torch.Tensor:
+        """One summed tensor (float64) by its full key, e.g. ``"P.<param>"``."""
+        return self._sums[key]
+
+    def items(self) -> List[Tuple[str, torch.Tensor]]:
+        return list(self._sums.items())
+
     def tensors(self, prefix: str, like: TensorDict) -> TensorDict:
         """The summed tensors under ``prefix`` for every name of ``like``, in ``like``'s dtype (zeros if absent)."""
         out = {}

@@ -1,14 +1,14 @@
 """An algorithm is a composition of four orthogonal choices (DESIGN.md section 1, ALGORITHMS.md section 4):
 
 * ``optimizer``  -- the local optimizer a client runs (:class:`fedhf.optim.LocalOptimizer`);
-* ``sync``       -- what happens to the optimizer state between rounds (``"reset"``: a fresh optimizer every
-  round, as in every first-order algorithm here);
+* ``sync``       -- what happens to the optimizer's state Theta between rounds (:mod:`fedhf.sync`: reset,
+  persist_local, average_warmstart, compressed_average);
 * ``correction`` -- how the local step is steered toward the global one (:mod:`fedhf.corrections`);
 * ``server``     -- how the summed client results become the next global model (:mod:`fedhf.server`).
 
 Named algorithms (:mod:`fedhf.algorithms`) are short functions that pick one option per axis; any axis can be
 swapped from :class:`FederatedConfig` (``local_optimizer``, ``correction``, ``server_rule`` and their
-``*_kwargs``) to build combinations no paper tried.
+``state_sync`` and their ``*_kwargs``) to build combinations no paper tried.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Any, Mapping, Optional, Union
 from .corrections import CORRECTIONS, Correction
 from .optim import LocalOptimizer
 from .server import SERVER_RULES, Mean
-
-STATE_SYNCS = ("reset",)
+from .sync import STATE_SYNCS, Reset, StateSync
 
 
 @dataclass(frozen=True)
@@ -29,15 +28,22 @@ class Algorithm:
     optimizer: LocalOptimizer
     correction: Correction = field(default_factory=Correction)
     server: Any = field(default_factory=Mean)
-    sync: str = "reset"
+    sync: StateSync = field(default_factory=Reset)
 
     def __post_init__(self) -> None:
-        if self.sync not in STATE_SYNCS:
-            raise ValueError(f"Unknown state sync {self.sync!r}; choose one of {STATE_SYNCS}.")
+        if self.sync.imports_theta and not self.optimizer.imports_theta:
+            raise ValueError(
+                f"State sync {self.sync.name!r} warm-starts the optimizer state, which {self.optimizer.cls.__name__} "
+                "cannot import: choose a fedhf local optimizer (sgd/adamw from torch only export it) or "
+                "`state_sync='reset'`.")
+        needs = getattr(self.server, "requires_optimizer", None)
+        if needs is not None and not issubclass(self.optimizer.cls, needs):
+            raise ValueError(f"Server rule {self.server.name!r} needs the local optimizer {needs.__name__}, got "
+                             f"{self.optimizer.cls.__name__}: set `local_optimizer` accordingly.")
 
     def describe(self) -> str:
         return (f"{self.name}: optimizer={self.optimizer.cls.__name__}({dict(self.optimizer.kwargs)}), "
-                f"sync={self.sync}, correction={self.correction!r}, server={self.server!r}")
+                f"sync={self.sync!r}, correction={self.correction!r}, server={self.server!r}")
 
 
 def _build(registry, name: str, kwargs: Optional[Mapping[str, Any]], field_name: str):
@@ -58,6 +64,8 @@ def compose(
     correction_kwargs: Optional[Mapping[str, Any]] = None,
     server_rule: Optional[str] = None,
     server_rule_kwargs: Optional[Mapping[str, Any]] = None,
+    state_sync: Optional[str] = None,
+    state_sync_kwargs: Optional[Mapping[str, Any]] = None,
     learning_rate: Optional[float] = None,
     weight_decay: Optional[float] = None,
 ) -> Algorithm:
@@ -88,6 +96,11 @@ def compose(
         replaced.append(f"server={server_rule}")
     elif server_rule_kwargs:
         raise ValueError("`server_rule_kwargs` was given without `server_rule`; name the rule it configures.")
+    if state_sync is not None:
+        changes["sync"] = _build(STATE_SYNCS, state_sync, state_sync_kwargs, "state_sync_kwargs")
+        replaced.append(f"sync={state_sync}")
+    elif state_sync_kwargs:
+        raise ValueError("`state_sync_kwargs` was given without `state_sync`; name the rule it configures.")
     if replaced:
         changes["name"] = f"{algo.name}[{','.join(replaced)}]"
     return replace(algo, **changes)

@@ -78,15 +78,22 @@ class FederatedConfig(TrainingArguments):
     algorithm_kwargs: Optional[Union[dict, str]] = field(
         default=None, metadata={"help": "Keyword arguments of the named algorithm (dict or JSON string)."})
     local_optimizer: Optional[str] = field(
-        default=None, metadata={"help": "Replace the local optimizer: 'sgd', 'adamw' or any torch.optim class name."})
+        default=None, metadata={"help": "Replace the local optimizer: sgd, adamw, muon, soap, sophia, foof, amsgrad, "
+                                        "covariance_adam, or any torch.optim class name."})
     local_optimizer_kwargs: Optional[Union[dict, str]] = field(
         default=None, metadata={"help": "Keyword arguments of the local optimizer (dict or JSON string)."})
     correction: Optional[str] = field(
-        default=None, metadata={"help": "Replace the correction: none, proximal, control_variate, global_mix."})
+        default=None, metadata={"help": "Replace the correction: none, proximal, control_variate, global_mix, "
+                                        "control_variate_post, gradient_tracking."})
     correction_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Correction kwargs."})
     server_rule: Optional[str] = field(
-        default=None, metadata={"help": "Replace the server rule: mean, momentum, adam, yogi, adagrad."})
+        default=None, metadata={"help": "Replace the server rule: mean, momentum, adam, yogi, adagrad, median, "
+                                        "trimmed_mean, preconditioned_mix, prefedopt."})
     server_rule_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Server rule kwargs."})
+    state_sync: Optional[str] = field(
+        default=None, metadata={"help": "Replace the optimizer-state sync: reset, persist_local, average_warmstart, "
+                                        "compressed_average."})
+    state_sync_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "State sync kwargs."})
     round_lr_schedule: str = field(
         default="cosine", metadata={"help": "Learning rate over rounds: 'cosine' (to 0, the papers') or 'constant'."})
     # --- TrainingArguments fields whose default changes meaning here ---
@@ -111,7 +118,8 @@ class FederatedConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs"):
+        for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
+                     "state_sync_kwargs"):
             setattr(self, name, _as_dict(getattr(self, name), name))
         if self.clients_per_round is None:
             self.clients_per_round = self.num_clients
@@ -154,5 +162,6 @@ class FederatedConfig(TrainingArguments):
             local_optimizer=self.local_optimizer, local_optimizer_kwargs=self.local_optimizer_kwargs,
             correction=self.correction, correction_kwargs=self.correction_kwargs,
             server_rule=self.server_rule, server_rule_kwargs=self.server_rule_kwargs,
+            state_sync=self.state_sync, state_sync_kwargs=self.state_sync_kwargs,
             learning_rate=self.learning_rate, weight_decay=self.weight_decay,
         )

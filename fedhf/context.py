@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -22,15 +22,20 @@ class ClientContext:
     weight: float  # w_i
     params: Dict[str, torch.nn.Parameter]  # live trainable parameters of the resident model
     global_params: TensorDict  # x^r (fp32)
-    server_state: TensorDict  # what the server broadcast this round (downloaded)
+    server_state: TensorDict  # what the correction's server half broadcast this round (downloaded)
     store: ClientStateStore
     sums: RoundSums
+    sync_state: TensorDict = field(default_factory=dict)  # Thetabar broadcast by the state-sync rule
+    participants: Sequence[int] = ()  # the round's sampled clients S_r, in sampling order (all processes)
+    num_clients: int = 0  # N
     uplink_bytes: int = 0
     scratch: Dict[str, object] = field(default_factory=dict)  # per-client-round values a correction keeps
 
-    def send(self, prefix: str, tensors: TensorDict, scale: float = 1.0) -> None:
-        """Upload ``tensors`` (their bytes are counted) as ``scale * tensors`` into the round's sums."""
-        self.uplink_bytes += num_bytes(tensors)
+    def send(self, prefix: str, tensors: TensorDict, scale: float = 1.0, nbytes: Optional[int] = None) -> None:
+        """Upload ``tensors`` as ``scale * tensors`` into the round's sums. Their bytes are counted, or ``nbytes``
+        when what would go over the wire is smaller than the dense tensors summed here (a low-rank factorisation,
+        the upper triangle of a symmetric matrix)."""
+        self.uplink_bytes += num_bytes(tensors) if nbytes is None else int(nbytes)
         self.sums.add_tensors(prefix, tensors, scale)
 
 

@@ -21,8 +21,9 @@ def stream_seed(seed: int, *keys: int) -> int:
 
 
 def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list:
-    """Clients of a round, drawn uniformly without replacement (sorted, so every process agrees)."""
-    if per_round >= num_clients:
-        return list(range(num_clients))
+    """Clients of a round, drawn uniformly without replacement, in draw order (a uniformly random order, so any
+    prefix is a uniform random subset: parameter tracking's Y_r). Every process computes the same list."""
     rng = np.random.default_rng([int(seed), 0x5A3, int(round_index)])
-    return sorted(int(c) for c in rng.choice(num_clients, size=per_round, replace=False))
+    if per_round >= num_clients:
+        return [int(c) for c in rng.permutation(num_clients)]
+    return [int(c) for c in rng.choice(num_clients, size=per_round, replace=False)]

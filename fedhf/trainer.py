@@ -9,8 +9,9 @@ A round, top to bottom (ALGORITHMS.md section 4)::
 
     clients = sample S of N (seeded, without replacement)
     for each client: load x^r -> K local steps (clip, correction, optimizer) -> send w_i Delta_i (+ extras)
-    sums of the messages -> correction's server half -> server rule -> x^{r+1}
-    log train loss, lr, participants and communicated bytes; evaluate every ``eval_every_rounds``
+    (local optimizer built per client round; its state Theta warm-started / kept / reset by the state-sync rule)
+    sums of the messages -> correction's and sync's server halves -> server rule -> x^{r+1}
+    log train loss, lr, participants, communicated bytes and the drift Delta_D; evaluate every ``eval_every_rounds``
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
 from .hub import FEDERATED_TAGS, federated_card_section
 from .metrics import plot_history, write_json_atomic
+from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, latest_checkpoint, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from .state.run import RunState, fingerprint
+from .sync import drift
 
 HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
@@ -112,7 +115,7 @@ class FederatedTrainer(Trainer):
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
             run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server.init(snapshot(params)),
-                           self.algorithm.correction.server_init(snapshot(params)))
+                           self.algorithm.correction.server_init(snapshot(params)), sync_state={})
             self.federated_history = []
         else:
             run = self._restore(checkpoint)
@@ -159,14 +162,15 @@ class FederatedTrainer(Trainer):
         round_lr = round_learning_rate(algo.optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
         clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
         sums = RoundSums()
-        downlink_each = num_bytes(run.global_params) + num_bytes(run.global_buffers) + num_bytes(run.correction_state)
-        for cid in tqdm(self._clients_of_this_process(clients), desc=f"round {r + 1}/{args.num_rounds}",
+        downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
+                                                           run.correction_state, run.sync_state))
+        for cid in tqdm(self._clients_of_this_process(sorted(clients)), desc=f"round {r + 1}/{args.num_rounds}",
                         leave=False, disable=args.disable_tqdm or not self.is_local_process_zero()):
             ctx = ClientContext(
                 client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
                 local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
                 global_params=run.global_params, server_state=run.correction_state, store=self.client_store,
-                sums=sums,
+                sums=sums, sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
             )
             load_into(params, run.global_params)
             load_into(buffers, run.global_buffers)
@@ -182,7 +186,10 @@ class FederatedTrainer(Trainer):
                                        num_clients=args.num_clients, sums=sums, global_params=run.global_params,
                                        mean_delta=mean_delta)
             run.correction_state = algo.correction.server_update(run.correction_state, server_ctx)
+            run.sync_state = algo.sync.server_update(run.sync_state, server_ctx)
             extra = {"gathered": sums.gathered_in_client_order()} if self._server_gathers else {}
+            if getattr(algo.server, "needs_context", False):
+                extra["ctx"] = server_ctx
             run.global_params, run.server_state = algo.server.apply(run.global_params, mean_delta, run.server_state,
                                                                     **extra)
             if run.global_buffers:
@@ -199,14 +206,20 @@ class FederatedTrainer(Trainer):
         return {"round": r + 1, "train_loss": run.losses[-1], "learning_rate": round_lr,
                 "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
                 "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20,
-                "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20}
+                "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20,
+                **(drift(sums, total_weight) or {})}
 
     # ------------------------------------------------------------------ one client
     def _train_client(self, ctx: ClientContext, buffers: Dict[str, torch.Tensor]) -> None:
         """K local steps from x^r, then the client's message (or its exclusion) into the round's sums."""
         algo = self.algorithm
         algo.correction.client_begin(ctx)
-        loss_sum = self._local_steps(ctx)
+        torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
+        optimizer = algo.optimizer.build(ctx.params, ctx.local_lr)
+        algo.sync.client_begin(ctx, optimizer)
+        if getattr(optimizer, "needs_model", False):
+            optimizer.attach(self._model_access(ctx))
+        loss_sum = self._local_steps(ctx, optimizer)
         delta = difference(ctx.params, ctx.global_params)
         problem = self._faulty(loss_sum, delta)
         if problem:
@@ -220,25 +233,33 @@ class FederatedTrainer(Trainer):
         if buffers:
             ctx.send("buf", snapshot(buffers), scale=ctx.weight)
         algo.correction.client_end(ctx)
+        algo.sync.client_end(ctx, export_theta(optimizer))
+        if hasattr(algo.server, "client_end"):  # server rules with a client half (FedPM's curvature upload)
+            algo.server.client_end(ctx, optimizer)
         ctx.sums.add("w", ctx.weight)
         ctx.sums.add("n", 1.0)
         ctx.sums.add("loss", loss_sum / self.args.local_steps, scale=ctx.weight)
 
-    def _local_steps(self, ctx: ClientContext) -> torch.Tensor:
-        """The local loop; returns the summed loss. A fresh optimizer per client round (state sync "reset")."""
+    def _local_steps(self, ctx: ClientContext, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """The local loop; returns the summed loss."""
         args, correction = self.args, self.algorithm.correction
-        torch.manual_seed(stream_seed(args.seed, ctx.round, ctx.client_id, 1))  # dropout: per-client stream
-        self.optimizer = self.algorithm.optimizer.build(ctx.params, ctx.local_lr)
+        self.optimizer = optimizer
+        before_forward = getattr(optimizer, "before_forward", None)
         batches = self._client_batches(ctx.client_id, ctx.round)
         loss_sum = torch.zeros((), dtype=torch.float64)
-        for _ in range(args.local_steps):
-            loss_sum += self.training_step(self.model, next(batches)).double()
+        for step in range(args.local_steps):
+            batch = next(batches)
+            if before_forward is not None:
+                before_forward(step, batch)
+            loss_sum += self.training_step(self.model, batch).double()
             if args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
             correction.before_step(ctx)
             self.optimizer.step()
             correction.after_step(ctx)
             self.optimizer.zero_grad(set_to_none=True)
+        if hasattr(optimizer, "end_round"):
+            optimizer.end_round()
         self.optimizer = None
         return loss_sum
 
@@ -270,14 +291,31 @@ class FederatedTrainer(Trainer):
             collator = self._get_collator_with_removed_columns(collator, description="training")
         return data, collator
 
-    def _client_batches(self, cid: int, round_index: int) -> Iterator[dict]:
+    def _client_batches(self, cid: int, round_index: int, stream: int = 2, cycle: bool = True) -> Iterator[dict]:
         """The client's data, reshuffled per pass from its own stream and cycled for as many steps as asked."""
-        generator = torch.Generator().manual_seed(stream_seed(self.args.seed, round_index, cid, 2))
+        generator = torch.Generator().manual_seed(stream_seed(self.args.seed, round_index, cid, stream))
         loader = DataLoader(Subset(self._train_data, self.client_partitions[cid].tolist()),
                             batch_size=self.args.per_device_train_batch_size, shuffle=True, generator=generator,
                             collate_fn=self._collator, num_workers=self.args.dataloader_num_workers)
-        while True:
+        yield from loader
+        while cycle:
             yield from loader
+
+    def _model_access(self, ctx: ClientContext) -> ModelAccess:
+        """What curvature-aware optimizers (Sophia, FOOF) may use: the model, the training loss and logits of a
+        batch (under the trainer's autocast), and one fresh pass over the client's data (its own stream)."""
+
+        def loss(batch):
+            with self.compute_loss_context_manager():
+                return self.compute_loss(self.model, self._prepare_inputs(batch))
+
+        def logits(batch):
+            inputs = {k: v for k, v in self._prepare_inputs(batch).items() if k not in ("labels", "label")}
+            with self.autocast_smart_context_manager():
+                return self.model(**inputs).logits
+
+        return ModelAccess(self.model, loss, logits,
+                           lambda: self._client_batches(ctx.client_id, ctx.round, stream=3, cycle=False))
 
     # ------------------------------------------------------------------ outputs
     def create_model_card(self, *args, tags=None, **kwargs) -> None:

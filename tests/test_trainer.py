@@ -109,8 +109,8 @@ def test_every_named_algorithm_trains_full_weights(digits, tmp_path, name):
     assert any(not torch.equal(before[n], p) for n, p in trainable_state(model).items())
 
 
-@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedcm", "fedadam", "local_muon"])
-def test_named_algorithms_train_lora(minilm, tweets, tokenizer, tmp_path, name):
+@pytest.mark.parametrize("name", fedhf.list_algorithms())
+def test_every_named_algorithm_trains_lora(minilm, tweets, tokenizer, tmp_path, name):
     model = lora_minilm(minilm)
     before = trainable_state(model)
     args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=2,

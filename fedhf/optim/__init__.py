@@ -15,12 +15,23 @@ from typing import Any, Dict, Mapping, Union
 import torch
 
 from ..registry import Registry
+from .base import FederatedOptimizer, ModelAccess, TensorDict, theta_key
+from .amsgrad import AMSGradNoBias
+from .covariance import CovarianceAdam
+from .foof import FOOF
 from .muon import MuonAdamW
+from .soap import SOAP
+from .sophia import Sophia
 
 LOCAL_OPTIMIZERS: Registry[type] = Registry("local optimizer", "local_optimizer")
 LOCAL_OPTIMIZERS.register("sgd")(torch.optim.SGD)  # coupled weight decay, ALGORITHMS.md 1.1
 LOCAL_OPTIMIZERS.register("adamw")(torch.optim.AdamW)  # ALGORITHMS.md 1.2
 LOCAL_OPTIMIZERS.register("muon")(MuonAdamW)  # ALGORITHMS.md 1.3: Muon for matrices, AdamW for the rest
+LOCAL_OPTIMIZERS.register("soap")(SOAP)  # 1.4
+LOCAL_OPTIMIZERS.register("sophia")(Sophia)  # 1.5 (estimators gnb / hutchinson / empirical_fisher)
+LOCAL_OPTIMIZERS.register("amsgrad")(AMSGradNoBias)  # 1.7 (amsgrad=False: Adam without bias correction)
+LOCAL_OPTIMIZERS.register("covariance_adam")(CovarianceAdam)  # 1.8, PreFed's client
+LOCAL_OPTIMIZERS.register("foof")(FOOF)  # 1.6, FedPM / LocalNewton
 
 
 def resolve_optimizer_class(name_or_class: Union[str, type]) -> type:
@@ -86,8 +97,29 @@ class LocalOptimizer:
         kept = {k: v for k, v in overrides.items() if v is not None}
         return LocalOptimizer(self.optimizer, {**self.kwargs, **kept})
 
+    @property
+    def imports_theta(self) -> bool:
+        """Whether its Theta can be warm-started (fedhf's own optimizers); torch.optim ones can only export."""
+        return issubclass(self.cls, FederatedOptimizer)
+
     def build(self, params: Dict[str, torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
         kwargs = {**self.kwargs, "lr": lr}
         cls = self.cls
-        chosen = list(params.items()) if getattr(cls, "accepts_named_params", False) else list(params.values())
-        return cls(chosen, **kwargs)
+        if getattr(cls, "accepts_named_params", False):
+            return cls(list(params.items()), **kwargs)
+        optimizer = cls(list(params.values()), **kwargs)
+        optimizer.param_names = {p: name for name, p in params.items()}
+        return optimizer
+
+
+#: Theta of torch.optim classes, exported for the drift metric only (ALGORITHMS.md 2.15: AdamW -> v).
+TORCH_THETA_KEYS = {torch.optim.AdamW: ("exp_avg_sq",), torch.optim.Adam: ("exp_avg_sq",)}
+
+
+def export_theta(optimizer: torch.optim.Optimizer) -> TensorDict:
+    if isinstance(optimizer, FederatedOptimizer):
+        return optimizer.export_theta()
+    names = getattr(optimizer, "param_names", {})
+    return {theta_key(key, names[p]): state[key].detach().float().clone()
+            for key in TORCH_THETA_KEYS.get(type(optimizer), ()) for p, state in optimizer.state.items()
+            if key in state and p in names}

@@ -18,9 +18,11 @@ Learning rates follow the FedMuon code: AdamW runs at ``lr`` (the round's schedu
 
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple, Union
+from typing import Iterable, List, Mapping, Tuple, Union
 
 import torch
+
+from .base import FederatedOptimizer, TensorDict, split_theta_key, theta_key
 
 ROUTINGS = ("ndim>=2", "hidden_only")
 #: Name fragments of embeddings and output heads, which "hidden_only" keeps off Muon.
@@ -33,13 +35,15 @@ def route_to_muon(name: str, param: torch.Tensor, routing: str) -> bool:
     return routing == "ndim>=2" or not any(fragment in name.lower() for fragment in _NOT_HIDDEN)
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(FederatedOptimizer):
     """Muon on the routed matrices plus AdamW on everything else, stepped together.
 
     ``params``: ``named_parameters()`` pairs (needed for ``hidden_only``) or plain tensors (routed by shape).
+    Theta = the Muon momentum buffers (``"momentum_buffer:<name>"``), what FedMuon and FedPAC_Muon average; the
+    AdamW state of the other tensors is not Theta and restarts every round (ALGORITHMS.md 2.8, 2.9a).
     """
 
-    accepts_named_params = True
+    theta_keys = ("momentum_buffer",)
 
     def __init__(self, params: Iterable[Union[torch.Tensor, Tuple[str, torch.Tensor]]], lr: float = 3e-4,
                  muon_lr_mult: float = 100.0, momentum: float = 0.95, nesterov: bool = True,
@@ -56,7 +60,23 @@ class MuonAdamW(torch.optim.Optimizer):
                                      adjust_lr_fn=adjust_lr_fn) if matrices else None
         self.adamw = torch.optim.AdamW(others, lr=lr, betas=tuple(betas), eps=eps,
                                        weight_decay=weight_decay) if others else None
-        super().__init__([p for _, p in named], {"lr": lr})
+        super().__init__(named, {"lr": lr})
+
+    def export_theta(self) -> TensorDict:
+        if self.muon is None:
+            return {}
+        return {theta_key("momentum_buffer", self.param_names[p]): state["momentum_buffer"].detach().float().clone()
+                for p, state in self.muon.state.items() if "momentum_buffer" in state}
+
+    def import_theta(self, theta: Mapping[str, torch.Tensor]) -> None:
+        matrices = {self.param_names[p]: p for p in (self.muon.param_groups[0]["params"] if self.muon else [])}
+        for key, value in theta.items():
+            state_key, name = split_theta_key(key)
+            if state_key != "momentum_buffer" or name not in matrices:
+                raise KeyError(f"MuonAdamW has no Theta entry {key!r}")
+            p = matrices[name]
+            # torch.optim.Muon creates its buffer only when absent, so a warm-started one is kept.
+            self.muon.state[p]["momentum_buffer"] = value.detach().to(device=p.device, dtype=p.dtype).clone()
 
     @property
     def inner(self) -> List[torch.optim.Optimizer]:

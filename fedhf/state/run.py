@@ -1,8 +1,8 @@
 """Everything a federated run carries from one round to the next, and its checkpoint form.
 
 Nothing else is needed to resume bit for bit: client sampling, data order, dropout and every other random
-draw come from (seed, round, client) streams (:mod:`fedhf.schedule`), and local optimizer state is reset
-each round.
+draw come from (seed, round, client) streams (:mod:`fedhf.schedule`); optimizer state that outlives a round is
+either the broadcast Thetabar (``sync_state``) or per-client state in the client store.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_s
                       "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
                       "per_device_train_batch_size", "max_grad_norm")
 
+GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state")
+
 
 @dataclass
 class RunState:
@@ -24,14 +26,14 @@ class RunState:
     global_buffers: TensorDict
     server_state: TensorDict
     correction_state: TensorDict
+    sync_state: TensorDict = field(default_factory=dict)  # Thetabar of average_warmstart / compressed_average
     rounds_done: int = 0
     uplink_bytes: float = 0.0
     downlink_bytes: float = 0.0
     losses: List[float] = field(default_factory=list)
 
     def tensor_groups(self) -> Dict[str, TensorDict]:
-        return {"global_params": self.global_params, "global_buffers": self.global_buffers,
-                "server_state": self.server_state, "correction_state": self.correction_state}
+        return {name: getattr(self, name) for name in GROUPS}
 
     def meta(self) -> dict:
         return {"rounds_done": self.rounds_done, "uplink_bytes": self.uplink_bytes,
@@ -39,9 +41,9 @@ class RunState:
 
     @classmethod
     def from_checkpoint(cls, groups: Dict[str, TensorDict], meta: dict) -> "RunState":
-        return cls(groups.get("global_params", {}), groups.get("global_buffers", {}), groups.get("server_state", {}),
-                   groups.get("correction_state", {}), meta["rounds_done"], meta["uplink_bytes"],
-                   meta["downlink_bytes"], list(meta["losses"]))
+        return cls(**{name: groups.get(name, {}) for name in GROUPS}, rounds_done=meta["rounds_done"],
+                   uplink_bytes=meta["uplink_bytes"], downlink_bytes=meta["downlink_bytes"],
+                   losses=list(meta["losses"]))
 
 
 def fingerprint(args, algorithm) -> dict:

@@ -1,33 +1,13 @@
-"""Named algorithms: each is a short composition of one option per axis (see :mod:`fedhf.algorithm`).
-
-``list_algorithms()`` names them all; ``get_algorithm(name, **kwargs)`` builds one. Defaults are the papers'
-(ALGORITHMS.md section 2 gives the source of every number). ``lr`` is the peak learning rate of the cosine
-schedule over rounds; ``FederatedConfig.learning_rate`` overrides it.
-"""
+"""First-order algorithms: FedAvg, FedAvgM, FedProx, SCAFFOLD, FedCM, FedOpt, and the Local AdamW / Local Muon
+baselines (each a composition of one option per axis; see :mod:`fedhf.algorithm`)."""
 
 from __future__ import annotations
 
-from typing import Callable
-
-from .algorithm import Algorithm
-from .corrections import ControlVariate, GlobalMix, Proximal
-from .optim import LocalOptimizer
-from .registry import Registry
-from .server import AdaptiveServer, Mean, ServerMomentum
-
-ALGORITHMS: Registry[Callable[..., Algorithm]] = Registry("algorithm", "algorithm")
-
-
-def list_algorithms() -> list:
-    return ALGORITHMS.names()
-
-
-def get_algorithm(name: str, **kwargs) -> Algorithm:
-    factory = ALGORITHMS.get(name)
-    try:
-        return factory(**kwargs)
-    except TypeError as err:
-        raise ValueError(f"Bad `algorithm_kwargs` for algorithm {name!r}: {err}.") from None
+from ..algorithm import Algorithm
+from ..corrections import ControlVariate, GlobalMix, Proximal
+from ..optim import LocalOptimizer
+from ..server import AdaptiveServer, Mean, ServerMomentum
+from .registry import ALGORITHMS
 
 
 def _sgd(lr: float, weight_decay: float, momentum: float = 0.0) -> LocalOptimizer:

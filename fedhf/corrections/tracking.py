@@ -1,0 +1,117 @@
+"""Parameter tracking for adaptive local optimizers: FAdamET and FAdamGT (Chen et al., 2025, "Parameter Tracking
+in Federated Learning with Adaptive Optimization", arXiv 2502.02727, Algorithm 1; ALGORITHMS.md 2.13).
+
+The server keeps y (the average of all N clients' tracking terms y_i, which persist per client id) and
+broadcasts it. A client's correction y - y_i is constant over its round and enters either
+
+* ``position="after"`` (FAdamET, "estimate tracking"): x <- x - eta_l (A + y - y_i), where A is the optimizer's
+  direction, i.e. the optimizer steps and then x <- x - eta_l (y - y_i); or
+* ``position="before"`` (FAdamGT, "gradient tracking"): g <- g + y - y_i before the optimizer's moments.
+
+Only the clients of Y_r, a subset of the round's sample S_r, refresh their term at the end of the round:
+
+* FAdamET: y_i+ = y_i - y + (x^r - x_i^K) / (eta_l K)   (the mean of the K optimizer directions A)
+* FAdamGT: y_i+ = (1/K) sum_k g_k                      (the raw gradients: after clipping, before correction)
+
+and upload Delta_y_i = y_i+ - y_i (unweighted). The server adds y <- y + (1/N) sum_{i in Y_r} Delta_y_i, which
+keeps y the average of all N clients' y_i (as SCAFFOLD's 1/N; ALGORITHMS.md 5.11). K is the nominal number of
+local steps in both formulas (ALGORITHMS.md 5.14). With y = y_i = 0 (round 0) the correction is a no-op and the
+round is the plain local optimizer.
+
+Choice of Y_r: the paper samples it uniformly at random inside S_r (Algorithm 1 line 5). Here Y_r is the first
+ceil(tracked_fraction |S_r|) clients of ``ctx.participants``, the round's sample *in sampling order*; since the
+sample is a uniformly random ordered draw, its prefix is a uniformly random subset of S_r of that size, and every
+process computes the same Y_r without communicating. (If ``participants`` were sorted, low client ids would
+always be tracked; the trainer must pass the draw order.) The default 0.5 is the paper's Y = S/2 (sec. 6.1).
+
+The client's second moment v_i is persisted by the state-sync axis, not here. This class does not inherit from
+:class:`ControlVariate`: SCAFFOLD refreshes every participant's variate from the model change, tracking refreshes
+a subset and (for GT) from the raw gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from ..context import ClientContext, ServerContext
+from ..params import TensorDict
+from .base import Correction
+
+POSITIONS = ("after", "before")
+STORE_KEY = "tracking_y"
+
+
+def tracked_clients(participants: Sequence[int], fraction: float) -> Sequence[int]:
+    """Y_r: the first ceil(fraction |S_r|) clients of the round's sample (in sampling order)."""
+    return list(participants)[: math.ceil(fraction * len(participants))]
+
+
+class ParameterTracking(Correction):
+    name = "parameter_tracking"
+
+    def __init__(self, position: str = "after", tracked_fraction: float = 0.5) -> None:
+        if position not in POSITIONS:
+            raise ValueError(f"`correction_kwargs.position` must be one of {POSITIONS}, got {position!r}.")
+        if not 0.0 < tracked_fraction <= 1.0:
+            raise ValueError(f"`correction_kwargs.tracked_fraction` must be in (0, 1], got {tracked_fraction}.")
+        self.position = position
+        self.tracked_fraction = float(tracked_fraction)
+
+    def server_init(self, global_params: TensorDict) -> TensorDict:
+        return {f"y.{n}": torch.zeros_like(t) for n, t in global_params.items()}
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        if not ctx.participants:
+            raise ValueError("ParameterTracking needs ctx.participants, the round's sampled clients.")
+        stored = ctx.store.get(ctx.client_id, STORE_KEY)
+        y_i = stored if stored is not None else {n: torch.zeros_like(t) for n, t in ctx.global_params.items()}
+        ctx.scratch["y_i"] = y_i
+        # y - y_i is constant over the round: compute it once, not every step.
+        ctx.scratch["shift"] = {n: ctx.server_state[f"y.{n}"] - y_i[n] for n in ctx.params}
+        ctx.scratch["tracked"] = ctx.client_id in tracked_clients(ctx.participants, self.tracked_fraction)
+        if ctx.scratch["tracked"] and self.position == "before":
+            ctx.scratch["grad_sum"] = {n: torch.zeros_like(y_i[n]) for n in ctx.params}
+
+    @torch.no_grad()
+    def before_step(self, ctx: ClientContext) -> None:
+        if self.position != "before":
+            return
+        grad_sum = ctx.scratch.get("grad_sum")
+        for name, p in ctx.params.items():
+            if p.grad is None:
+                continue
+            if grad_sum is not None:  # the raw gradient, before the correction: FAdamGT's y_i+ averages it
+                grad_sum[name].add_(p.grad.to(grad_sum[name].dtype))
+            p.grad.add_(ctx.scratch["shift"][name].to(p.grad.dtype))
+
+    @torch.no_grad()
+    def after_step(self, ctx: ClientContext) -> None:
+        if self.position != "after":
+            return
+        for name, p in ctx.params.items():
+            p.add_(ctx.scratch["shift"][name].to(p.dtype), alpha=-ctx.local_lr)
+
+    @torch.no_grad()
+    def client_end(self, ctx: ClientContext) -> None:
+        if not ctx.scratch["tracked"]:
+            return  # outside Y_r: sends nothing and keeps y_i
+        y_i, K = ctx.scratch["y_i"], ctx.local_steps
+        if self.position == "after":
+            scale = 1.0 / (ctx.local_lr * K)
+            x_r = ctx.global_params
+            new_y_i = {n: y_i[n] - ctx.server_state[f"y.{n}"] + (x_r[n] - p.detach().to(x_r[n].dtype)) * scale
+                       for n, p in ctx.params.items()}
+        else:
+            new_y_i = {n: s / K for n, s in ctx.scratch["grad_sum"].items()}
+        ctx.send("dy", {n: new_y_i[n] - y_i[n] for n in new_y_i})  # unweighted: the server divides by N
+        ctx.sums.add("n_track", 1.0)
+        ctx.store.put(ctx.client_id, STORE_KEY, new_y_i)
+
+    def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
+        if ctx.num_clients < 1:
+            raise ValueError("ParameterTracking needs ServerContext.num_clients (N) >= 1.")
+        dy = ctx.sums.tensors("dy", ctx.global_params)
+        return {f"y.{n}": state[f"y.{n}"] + dy[n] / ctx.num_clients for n in ctx.global_params}

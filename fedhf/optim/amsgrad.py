@@ -1,0 +1,95 @@
+"""Adam without bias correction, with the AMSGrad max: the local optimizer of FAdamET and FAdamGT.
+
+Chen et al., 2025, "Parameter Tracking in Federated Learning with Adaptive Optimization" (arXiv 2502.02727,
+Algorithm 1 lines 13-16; ALGORITHMS.md 1.7, 2.13)::
+
+    g <- g + lambda p                               (coupled weight decay, tiny: 1e-8)
+    m <- b1 m + (1 - b1) g ;  v <- b2 v + (1 - b2) g*g
+    v_hat <- max(v_hat, v)                          (AMSGrad; v_hat = v when ``amsgrad=False``)
+    p <- p - lr m / (sqrt(v_hat) + eps)
+
+There is no bias correction: the moments are meant to carry over between rounds, so the first-step bias that
+the correction removes does not exist after round 0.
+
+Theta (what persists across rounds) is ``max_exp_avg_sq`` (v_hat) with AMSGrad, else ``exp_avg_sq`` (v).
+FAdam persists v_hat per client; ALGORITHMS.md 5.11 reads Algorithm 1 line 8 as "v and v_hat initialised from
+the persisted v_i", so :meth:`import_theta` starts *both* v and v_hat from the imported v_hat. The first moment m
+is never Theta and starts at 0 every round. With ``amsgrad=False`` this is the Adam of FedLADA's baseline
+(Sun et al., 2023; ALGORITHMS.md 2.7: bias correction off, v averaged and warm-started).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Tuple
+
+import torch
+
+from .base import FederatedOptimizer, NamedParams, split_theta_key
+
+
+@torch.no_grad()
+def amsgrad_no_bias_direction(grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                              v_hat: Optional[torch.Tensor], beta1: float, beta2: float, eps: float) -> torch.Tensor:
+    """Update m, v (and v_hat, if given) in place; return A = m / (sqrt(v_hat) + eps), v_hat = v without AMSGrad."""
+    m.mul_(beta1).add_(grad, alpha=1 - beta1)
+    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    if v_hat is None:
+        v_hat = v
+    else:
+        torch.maximum(v_hat, v, out=v_hat)
+    return m / (v_hat.sqrt() + eps)
+
+
+def state_dtype(p: torch.Tensor) -> torch.dtype:
+    """Moments in fp32 for half-precision parameters, in the parameter's own dtype from fp32 up."""
+    return torch.promote_types(p.dtype, torch.float32)
+
+
+class AMSGradNoBias(FederatedOptimizer):
+    """Adam without bias correction, AMSGrad max on by default (ALGORITHMS.md 1.7).
+
+    Defaults are FAdam's (sec. 6.1): lr 1e-3, betas (0.9, 0.99), eps 1e-8, weight decay 1e-8.
+    """
+
+    def __init__(self, params: NamedParams, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.99),
+                 eps: float = 1e-8, weight_decay: float = 1e-8, amsgrad: bool = True) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}.")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be in [0, 1), got {betas}.")
+        self.amsgrad = bool(amsgrad)  # fixed per optimizer: it decides what Theta is
+        self.theta_keys = ("max_exp_avg_sq",) if self.amsgrad else ("exp_avg_sq",)
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    def import_theta(self, theta: Mapping[str, torch.Tensor]) -> None:
+        """Warm start: with AMSGrad, v starts from the imported v_hat too (ALGORITHMS.md 5.11)."""
+        super().import_theta(theta)
+        if self.amsgrad:
+            by_name = dict(self.named_params())
+            for key in theta:
+                p = by_name[split_theta_key(key)[1]]
+                self.state[p]["exp_avg_sq"] = self.state[p]["max_exp_avg_sq"].clone()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state, dtype = self.state[p], state_dtype(p)
+                # Key by key, so an imported v / v_hat survives the first step.
+                for key in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self.amsgrad else ()):
+                    if key not in state:
+                        state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                grad = p.grad.to(dtype)
+                if group["weight_decay"]:
+                    grad = grad.add(p.to(dtype), alpha=group["weight_decay"])
+                direction = amsgrad_no_bias_direction(grad, state["exp_avg"], state["exp_avg_sq"],
+                                                      state.get("max_exp_avg_sq"), beta1, beta2, group["eps"])
+                p.add_(direction.to(p.dtype), alpha=-group["lr"])
+        return loss

@@ -1,0 +1,100 @@
+"""What a federated local optimizer adds to ``torch.optim.Optimizer``: named parameters, the state Theta that
+can be averaged or warm-started across clients, and model-aware curvature hooks.
+
+Theta (ALGORITHMS.md 2.15, 4.1) is the part of the optimizer state that describes the local geometry: Muon's
+momentum of matrices, SOAP's factors L and R, Sophia's Hessian estimate h, FOOF's input covariances A, the
+second moments of the Adam family. State-sync rules (:mod:`fedhf.sync`) move it between rounds and clients;
+the drift metric Delta_D measures how far the clients' Theta are apart. Everything else in the state (first
+moments, eigenbases, step counters) stays local and is reset with the optimizer.
+
+Theta is a flat dict of tensors keyed ``"<state key>:<parameter name>"`` (for example
+``"momentum_buffer:model.layer.0.lora_A.default.weight"``), so it sums, averages and checkpoints like any other
+named tensors. ``import_theta(export_theta())`` is the identity.
+
+Optimizers that need the model (Sophia's sampled-label backward, FOOF's layer inputs) say ``needs_model = True``
+and receive a :class:`ModelAccess` from the trainer through :meth:`attach` -- never through globals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Tuple, Union
+
+import torch
+
+TensorDict = Dict[str, torch.Tensor]
+NamedParams = Iterable[Union[torch.Tensor, Tuple[str, torch.Tensor]]]
+
+
+def theta_key(state_key: str, param_name: str) -> str:
+    return f"{state_key}:{param_name}"
+
+
+def split_theta_key(key: str) -> Tuple[str, str]:
+    state_key, _, param_name = key.partition(":")
+    return state_key, param_name
+
+
+@dataclass
+class ModelAccess:
+    """The model-aware part of a client round, handed to optimizers with ``needs_model = True``.
+
+    ``model``: the resident model (its trainable parameters are the optimizer's).
+    ``loss(batch)``: the trainer's training loss of a batch (``compute_loss`` under autocast), differentiable.
+    ``logits(batch)``: the model's logits for a batch with its labels removed, under autocast, differentiable.
+    ``batches()``: a fresh pass over the client's local data (its own random stream), for curvature statistics.
+    """
+
+    model: torch.nn.Module
+    loss: Callable[[Mapping[str, Any]], torch.Tensor]
+    logits: Callable[[Mapping[str, Any]], torch.Tensor]
+    batches: Callable[[], Iterator[Mapping[str, Any]]]
+
+
+class FederatedOptimizer(torch.optim.Optimizer):
+    """Base of fedhf's own optimizers. Subclasses set ``theta_keys`` (per-parameter state keys forming Theta) or
+    override :meth:`export_theta`/:meth:`import_theta`, and initialise state lazily *key by key* so an imported
+    Theta survives the first step."""
+
+    accepts_named_params = True
+    theta_keys: Tuple[str, ...] = ()
+    needs_model = False
+
+    def __init__(self, params: NamedParams, defaults: Dict[str, Any]) -> None:
+        named = [(item if isinstance(item, tuple) else (f"param{i}", item)) for i, item in enumerate(params)]
+        self.param_names: Dict[torch.Tensor, str] = {p: n for n, p in named}
+        self.model_access: Union[ModelAccess, None] = None
+        super().__init__([p for _, p in named], defaults)
+
+    # ---------------------------------------------------------------- Theta
+    def named_params(self) -> List[Tuple[str, torch.Tensor]]:
+        return [(self.param_names[p], p) for group in self.param_groups for p in group["params"]]
+
+    def export_theta(self) -> TensorDict:
+        out = {}
+        for name, p in self.named_params():
+            for key in self.theta_keys:
+                if key in self.state.get(p, {}):
+                    out[theta_key(key, name)] = self.state[p][key].detach().float().clone()
+        return out
+
+    def import_theta(self, theta: Mapping[str, torch.Tensor]) -> None:
+        by_name = dict(self.named_params())
+        for key, value in theta.items():
+            state_key, name = split_theta_key(key)
+            if name not in by_name or state_key not in self.theta_keys:
+                raise KeyError(f"{type(self).__name__} has no Theta entry {key!r}")
+            p = by_name[name]
+            self.state[p][state_key] = value.detach().to(device=p.device, dtype=torch.float32).clone()
+
+    # ---------------------------------------------------------------- model-aware hooks
+    def attach(self, access: ModelAccess) -> None:
+        """Called by the trainer right after building, when ``needs_model`` is True."""
+        self.model_access = access
+
+    def before_forward(self, step: int, batch: Mapping[str, Any]) -> None:
+        """Called before the forward/backward of local step ``step`` (0-based) with its batch, while ``.grad``
+        is empty: the place for curvature estimates that need their own backward pass."""
+
+    def end_round(self) -> None:
+        """Called after the last local step, before Theta is exported (FOOF refreshes its statistics here)."""

@@ -1,0 +1,14 @@
+"""State-sync rules, by name (the ``state_sync`` field of FederatedConfig)."""
+
+from ..registry import Registry
+from .compressed import CompressedAverage, compression_rank, low_rank
+from .rules import AverageWarmstart, PersistLocal, Reset, StateSync, drift
+
+STATE_SYNCS: Registry[type] = Registry("state sync", "state_sync")
+STATE_SYNCS.register("reset")(Reset)
+STATE_SYNCS.register("persist_local")(PersistLocal)
+STATE_SYNCS.register("average_warmstart")(AverageWarmstart)
+STATE_SYNCS.register("compressed_average")(CompressedAverage)
+
+__all__ = ["STATE_SYNCS", "AverageWarmstart", "CompressedAverage", "PersistLocal", "Reset", "StateSync",
+           "compression_rank", "drift", "low_rank"]
