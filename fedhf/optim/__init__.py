@@ -123,3 +123,7 @@ def export_theta(optimizer: torch.optim.Optimizer) -> TensorDict:
     return {theta_key(key, names[p]): state[key].detach().float().clone()
             for key in TORCH_THETA_KEYS.get(type(optimizer), ()) for p, state in optimizer.state.items()
             if key in state and p in names}
+
+
+__all__ = ["FOOF", "LOCAL_OPTIMIZERS", "SOAP", "AMSGradNoBias", "CovarianceAdam", "FederatedOptimizer", "LocalOptimizer",
+           "ModelAccess", "MuonAdamW", "Sophia", "export_theta", "resolve_optimizer_class"]

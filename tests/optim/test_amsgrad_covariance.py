@@ -3,7 +3,6 @@ of a few steps, warm starts from an imported Theta, and the conformance every lo
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -119,54 +118,3 @@ def test_defaults_are_the_papers():
     assert AMSGradNoBias([p]).amsgrad
     cov = CovarianceAdam([p]).defaults
     assert (cov["lr"], cov["betas"], cov["tau"], cov["weight_decay"]) == (1e-3, (0.9, 0.9), 1e-3, 0.0)
-
-
-# ------------------------------------------------------------------ conformance (shared pattern, test_muon.py)
-def _toy(seed=0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    x = torch.randn(128, 8)
-    y = (x @ torch.randn(8, 3)).argmax(1)
-    return model, x, y
-
-
-def _steps(model, optimizer, x, y, n):
-    losses = []
-    for _ in range(n):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
-BUILDERS = {
-    "amsgrad": lambda params: AMSGradNoBias(params, lr=1e-2),
-    "adam_no_bias": lambda params: AMSGradNoBias(params, lr=1e-2, amsgrad=False),
-    "covariance": lambda params: CovarianceAdam(params, lr=1e-2),
-}
-
-
-@pytest.mark.parametrize("name", sorted(BUILDERS))
-def test_conformance(name):
-    build = BUILDERS[name]
-    model, x, y = _toy()
-    optimizer = build(list(model.named_parameters()))
-    losses = _steps(model, optimizer, x, y, 40)
-    assert losses[-1] < 0.6 * losses[0], losses
-
-    twin, _, _ = _toy()
-    twin.load_state_dict(model.state_dict())
-    twin_optimizer = build(list(twin.named_parameters()))
-    twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
-    _steps(model, optimizer, x, y, 3)
-    _steps(twin, twin_optimizer, x, y, 3)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
-
-    theta = optimizer.export_theta()
-    assert len(theta) == 4  # one entry per parameter tensor
-    fresh = build(list(_toy()[0].named_parameters()))
-    fresh.import_theta(theta)
-    again = fresh.export_theta()
-    assert again.keys() == theta.keys() and all(torch.equal(again[k], theta[k]) for k in theta)

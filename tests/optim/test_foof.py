@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fedhf.optim import LocalOptimizer
 from fedhf.optim.base import ModelAccess
 from fedhf.optim.foof import FOOF
 
@@ -192,53 +190,3 @@ def test_clear_errors_without_model_or_with_singular_undamped_curvature():
         p.grad = torch.ones_like(p)
     with pytest.raises(ValueError, match="damping"):
         optimizer.step()
-
-
-# ---------------------------------------------------------------- conformance (as tests/optim/test_muon.py)
-def _toy(seed=0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    x = torch.randn(128, 8)
-    y = (x @ torch.randn(8, 3)).argmax(1)
-    return model, x, y
-
-
-def _build(model, x, y, spec):
-    optimizer = spec.build(dict(model.named_parameters()), spec.lr)
-    optimizer.attach(_access(model, [{"x": x, "labels": y}]))
-    return optimizer
-
-
-def _steps(model, optimizer, x, y, n):
-    losses = []
-    for k in range(n):
-        optimizer.before_forward(k, {"x": x, "labels": y})
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
-def test_conformance_loss_decreases_state_dict_and_theta_round_trip():
-    model, x, y = _toy()
-    spec = LocalOptimizer(FOOF, {"lr": 0.3})
-    optimizer = _build(model, x, y, spec)
-    losses = _steps(model, optimizer, x, y, 40)
-    assert losses[-1] < 0.6 * losses[0], losses
-
-    twin, _, _ = _toy()
-    twin.load_state_dict(model.state_dict())
-    twin_optimizer = _build(twin, x, y, spec)
-    twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
-    _steps(model, optimizer, x, y, 3)
-    _steps(twin, twin_optimizer, x, y, 3)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
-
-    theta = optimizer.export_theta()
-    assert sorted(theta) == ["A:0.weight", "A:2.weight"]
-    fresh = _build(model, x, y, spec)
-    fresh.import_theta(theta)
-    again = fresh.export_theta()
-    assert sorted(again) == sorted(theta) and all(torch.equal(again[k], theta[k]) for k in theta)
