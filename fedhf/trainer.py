@@ -215,6 +215,9 @@ class FederatedTrainer(Trainer):
         algo = self.algorithm
         algo.correction.client_begin(ctx)
         torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
+        # Train mode before anything runs the model: curvature hooks run before training_step (which would set
+        # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
+        self.model.train()
         optimizer = algo.optimizer.build(ctx.params, ctx.local_lr)
         algo.sync.client_begin(ctx, optimizer)
         if getattr(optimizer, "needs_model", False):

@@ -1,6 +1,9 @@
 """A stateful run (SCAFFOLD client variates + an Adam server) used by test_checkpoint.py:
 
-    python tests/resume_run.py OUT_DIR RESULT.safetensors [--kill-after N] [--resume]
+    python tests/resume_run.py OUT_DIR RESULT.safetensors [--kill-after N] [--resume] [--algorithm NAME]
+
+Default: SCAFFOLD with an Adam server; ``--algorithm`` runs a named algorithm at its defaults instead (state that
+outlives a round: fedmuon's broadcast momentum, fed_sophia's per-client Hessian estimates).
 
 --kill-after N sends SIGKILL to this very process once round N's checkpoint is written (a real crash:
 no cleanup, no exception handlers).
@@ -42,8 +45,11 @@ def main(argv) -> None:
     digits = load_digits_images()
     digits["test"] = digits["test"].select(range(120))
     model = tiny_resnet()
-    args = config(out_dir, algorithm="scaffold", server_rule="adam", server_rule_kwargs={"lr": 0.01}, num_clients=6,
-                  clients_per_round=3, num_rounds=5, local_steps=3, save_every_rounds=1, eval_every_rounds=1)
+    named = argv[argv.index("--algorithm") + 1] if "--algorithm" in argv else None
+    algorithm = {"algorithm": named} if named else {"algorithm": "scaffold", "server_rule": "adam",
+                                                    "server_rule_kwargs": {"lr": 0.01}}
+    args = config(out_dir, **algorithm, num_clients=6, clients_per_round=3, num_rounds=5, local_steps=3,
+                  save_every_rounds=1, eval_every_rounds=1)
     args.output_dir = str(out_dir)
     callbacks = [KillAfter(kill_after)] if kill_after else None
     trainer = digit_trainer(model, digits, args, callbacks=callbacks)

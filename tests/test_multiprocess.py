@@ -54,7 +54,8 @@ def _run(n_processes, algorithm, out, launcher="torchrun"):
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed")
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam", "fedavg:median", "local_muon"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam", "fedavg:median", "local_muon", "fedmuon",
+                                       "fedpm", "fadam_gt"])
 def test_two_processes_give_the_same_global_model_as_one(tmp_path, algorithm):
     one = _run(1, algorithm, tmp_path / "one.safetensors")
     two = _run(2, algorithm, tmp_path / "two.safetensors")

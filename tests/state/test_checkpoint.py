@@ -28,16 +28,18 @@ def _comparable(history):
     return [{k: v for k, v in h.items() if not k.endswith(("_runtime", "_per_second", "_preparation_time"))} for h in history]
 
 
-def test_a_killed_run_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path):
-    done = _run(tmp_path / "full", tmp_path / "full.safetensors")
+@pytest.mark.parametrize("algorithm", [[], ["--algorithm", "fedmuon"], ["--algorithm", "fed_sophia"]],
+                         ids=["scaffold+adam", "fedmuon", "fed_sophia"])
+def test_a_killed_run_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path, algorithm):
+    done = _run(tmp_path / "full", tmp_path / "full.safetensors", *algorithm)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    killed = _run(tmp_path / "crash", tmp_path / "never.safetensors", "--kill-after", "2")
+    killed = _run(tmp_path / "crash", tmp_path / "never.safetensors", "--kill-after", "2", *algorithm)
     assert killed.returncode == -signal.SIGKILL  # a real kill, not an exception
     assert not (tmp_path / "never.safetensors").exists()
     assert latest_checkpoint(str(tmp_path / "crash")).endswith("checkpoint-round-2")
 
-    resumed = _run(tmp_path / "crash", tmp_path / "resumed.safetensors", "--resume")
+    resumed = _run(tmp_path / "crash", tmp_path / "resumed.safetensors", "--resume", *algorithm)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     full, again = load_file(str(tmp_path / "full.safetensors")), load_file(str(tmp_path / "resumed.safetensors"))

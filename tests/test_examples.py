@@ -1,0 +1,149 @@
+"""examples/glue_fedmuon.py: runs offline on the bundled model and tweets, stops before any work (with a message
+naming the flag to change) when a Hub name cannot be had offline, and its GLUE metrics match hand computations."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "glue_fedmuon.py"
+
+
+@pytest.fixture(scope="module")
+def glue():
+    spec = importlib.util.spec_from_file_location("glue_fedmuon", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and HfArgumentParser resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _run_script(args, tmp_path, **env):
+    # One OpenMP thread: on 2 cores shared with other work, 2 spinning threads made this run 6x slower (103 s vs 17 s).
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", **env}
+    start = time.time()
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    return done, time.time() - start
+
+
+# ------------------------------------------------------------------ end to end, offline
+def test_runs_offline_on_bundled_minilm_and_tweets(tmp_path):
+    out = tmp_path / "out"
+    done, _ = _run_script([
+        "--model_name_or_path", "bundled-minilm", "--task", "bundled-tweets", "--train_rows", "64", "--eval_rows",
+        "32", "--max_length", "32", "--num_clients", "4", "--clients_per_round", "2", "--num_rounds", "2",
+        "--local_steps", "2", "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "32",
+        "--output_dir", str(out), "--report_to", "none", "--disable_tqdm", "true", "--partition_report", "false",
+    ], tmp_path)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    final = json.loads(done.stdout.strip().splitlines()[-1])
+    assert final["algorithm"] == "fedmuon" and final["round"] == 2
+    assert 0.0 <= final["eval_accuracy"] <= 1.0 and math.isfinite(final["eval_loss"])
+    assert (out / "adapter_model.safetensors").exists() and (out / "adapter_config.json").exists()
+    assert (out / "tokenizer_config.json").exists()
+    assert json.loads((out / "federated_history.json").read_text())[-1]["eval_accuracy"] == final["eval_accuracy"]
+
+
+# ------------------------------------------------------------------ Hub names that cannot be had offline
+def test_uncached_hub_model_offline_fails_fast_with_the_flag_to_change(tmp_path):
+    out = tmp_path / "out"
+    done, seconds = _run_script(["--output_dir", str(out), "--report_to", "none"], tmp_path,
+                                HF_HOME=str(tmp_path / "empty_hf_home"))  # default roberta-base, surely uncached
+    assert done.returncode != 0
+    assert seconds < 30, seconds
+    assert "--model_name_or_path roberta-base is not available offline (HF_HUB_OFFLINE=1)" in done.stderr
+    assert "--model_name_or_path bundled-minilm" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_uncached_glue_offline_names_the_task_flag(glue, tmp_path, monkeypatch):
+    monkeypatch.setattr(glue.datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty_datasets_cache")
+    out = tmp_path / "out"
+    with pytest.raises(glue.OfflineError, match=r"--task sst2 reads nyu-mll/glue .* \(HF_HUB_OFFLINE=1\)") as err:
+        glue.main(["--model_name_or_path", "bundled-minilm", "--output_dir", str(out), "--report_to", "none"])
+    assert "--task bundled-tweets" in str(err.value)
+    assert not out.exists()
+
+
+def test_unreachable_hub_without_offline_flag_fails_at_once(glue, tmp_path, monkeypatch):
+    monkeypatch.setattr(glue, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(glue.hub_constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port: refused at once
+    start = time.time()
+    with pytest.raises(glue.OfflineError, match=r"unreachable\); set HF_HUB_OFFLINE=1") as err:
+        glue.main(["--model_name_or_path", "bundled-minilm", "--output_dir", str(tmp_path / "out")])
+    assert "--task sst2" in str(err.value) and time.time() - start < 10
+
+
+def test_push_to_hub_offline_is_refused_before_training(glue, tmp_path):
+    with pytest.raises(glue.OfflineError, match="--push_to_hub needs the Hub"):
+        glue.main(["--model_name_or_path", "bundled-minilm", "--task", "bundled-tweets", "--push_to_hub", "true",
+                   "--hub_model_id", "someone/glue-fedmuon", "--output_dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_task_table_and_stsb_defaults_to_iid(glue, tmp_path):
+    assert set(glue.TASKS) >= {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"}
+    assert glue.TASKS["stsb"].num_labels == 1 and glue.TASKS["mnli"].num_labels == 3
+    script, args = glue.parse_arguments(["--task", "stsb", "--output_dir", str(tmp_path)])
+    assert args.partition == "iid" and args.algorithm == "fedmuon"
+    script, args = glue.parse_arguments(["--output_dir", str(tmp_path)])
+    assert (script.model_name_or_path, script.task, script.max_length, script.lora_r) == ("roberta-base", "sst2", 128, 16)
+    assert (args.partition, args.dirichlet_alpha, args.num_clients, args.clients_per_round, args.num_rounds,
+            args.local_steps, args.per_device_train_batch_size) == ("dirichlet", 0.8, 20, 4, 100, 50, 16)
+
+
+# ------------------------------------------------------------------ GLUE metrics against hand computations
+# predictions / references with TP = 3, FN = 2, FP = 1, TN = 4
+PRED = [1, 1, 1, 0, 0, 1, 0, 0, 0, 0]
+REF = [1, 1, 1, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_binary_metrics_by_hand(glue):
+    assert glue.accuracy(PRED, REF) == 0.7
+    assert glue.binary_f1(PRED, REF) == pytest.approx(2 * 3 / (2 * 3 + 1 + 2), abs=1e-15)  # P 3/4, R 3/5
+    mcc = (3 * 4 - 1 * 2) / math.sqrt((3 + 1) * (3 + 2) * (4 + 1) * (4 + 2))  # (TP TN - FP FN) / sqrt(...)
+    assert glue.matthews_corrcoef(PRED, REF) == pytest.approx(mcc, abs=1e-15)
+    assert glue.matthews_corrcoef([1] * 10, REF) == 0.0  # constant prediction: undefined, 0 by convention
+    assert glue.binary_f1([0, 0], [0, 0]) == 0.0
+
+
+def test_multiclass_matthews_by_hand(glue):
+    # confusion (rows true, cols predicted) [[2,1,0],[0,2,1],[1,0,2]]: s 9, c 6, t = p = (3,3,3)
+    ref = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    pred = [0, 0, 1, 1, 1, 2, 2, 2, 0]
+    assert glue.matthews_corrcoef(pred, ref) == pytest.approx((6 * 9 - 27) / (81 - 27), abs=1e-15)
+
+
+def test_correlations_by_hand(glue):
+    x, y = [1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 4.0, 3.0]
+    # deviations (-1.5,-.5,.5,1.5) and (-.5,-1.5,1.5,.5): sum of products 3, each sum of squares 5
+    assert glue.pearson(x, y) == pytest.approx(0.6, abs=1e-15)
+    np.testing.assert_array_equal(glue.average_ranks([10, 20, 20, 5, 20]), [2, 4, 4, 1, 4])
+    # ranks (1,2,3,4) vs (1,2.5,2.5,4): deviations (-1.5,-.5,.5,1.5), (-1.5,0,0,1.5): 4.5 / sqrt(5 * 4.5)
+    assert glue.spearman(x, [1.0, 5.0, 5.0, 9.0]) == pytest.approx(math.sqrt(0.9), abs=1e-15)
+    assert glue.spearman(x, [v ** 3 for v in x]) == pytest.approx(1.0, abs=1e-15)  # monotone
+
+
+def test_compute_metrics_per_task(glue):
+    from transformers import EvalPrediction
+
+    logits = np.array([[0.1, 0.9], [2.0, -1.0], [0.0, 1.0], [1.0, 0.0]])
+    labels = np.array([1, 0, 0, 0])
+    assert glue.glue_compute_metrics("f1")(EvalPrediction(logits, labels)) == pytest.approx(
+        {"accuracy": 0.75, "f1": 2 / 3})
+    assert set(glue.glue_compute_metrics("matthews")(EvalPrediction(logits, labels))) == {"matthews_correlation"}
+    scores = glue.glue_compute_metrics("correlation")(EvalPrediction(np.array([[1.0], [2.0], [3.0]]),
+                                                                     np.array([1.5, 2.5, 3.0])))
+    assert scores["spearmanr"] == pytest.approx(1.0) and 0.9 < scores["pearson"] < 1.0
