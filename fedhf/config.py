@@ -101,6 +101,10 @@ class FederatedConfig(TrainingArguments):
         default=None, metadata={"help": "Peak local learning rate; default: the algorithm's paper default."})
     weight_decay: Optional[float] = field(
         default=None, metadata={"help": "Local weight decay; default: the algorithm's paper default."})
+    average_tokens_across_devices: bool = field(
+        default=False,
+        metadata={"help": "Kept off: local steps never all-reduce gradients, so there is nothing to average across "
+                          "processes (Trainer's default True scales eval_loss by the number of processes)."})
     # --- evaluation and saving ---
     eval_every_rounds: int = field(
         default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})

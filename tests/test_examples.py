@@ -31,9 +31,10 @@ def glue():
 
 def _run_script(args, tmp_path, **env):
     # One OpenMP thread: on 2 cores shared with other work, 2 spinning threads made this run 6x slower (103 s vs 17 s).
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", **env}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "TOKENIZERS_PARALLELISM": "false", **env}
     start = time.time()
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], check=False, env=env, capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     return done, time.time() - start
 
@@ -62,7 +63,7 @@ def test_uncached_hub_model_offline_fails_fast_with_the_flag_to_change(tmp_path)
     done, seconds = _run_script(["--output_dir", str(out), "--report_to", "none"], tmp_path,
                                 HF_HOME=str(tmp_path / "empty_hf_home"))  # default roberta-base, surely uncached
     assert done.returncode != 0
-    assert seconds < 30, seconds
+    assert seconds < 40, seconds  # imports take 5-15 s on 2 busy cores; the check itself, milliseconds
     assert "--model_name_or_path roberta-base is not available offline (HF_HUB_OFFLINE=1)" in done.stderr
     assert "--model_name_or_path bundled-minilm" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists() or not any(out.iterdir())
@@ -99,7 +100,8 @@ def test_task_table_and_stsb_defaults_to_iid(glue, tmp_path):
     script, args = glue.parse_arguments(["--task", "stsb", "--output_dir", str(tmp_path)])
     assert args.partition == "iid" and args.algorithm == "fedmuon"
     script, args = glue.parse_arguments(["--output_dir", str(tmp_path)])
-    assert (script.model_name_or_path, script.task, script.max_length, script.lora_r) == ("roberta-base", "sst2", 128, 16)
+    assert (script.model_name_or_path, script.task, script.max_length, script.lora_r, script.lora_alpha,
+            script.lora_dropout) == ("roberta-base", "sst2", 128, 16, 32, 0.05)
     assert (args.partition, args.dirichlet_alpha, args.num_clients, args.clients_per_round, args.num_rounds,
             args.local_steps, args.per_device_train_batch_size) == ("dirichlet", 0.8, 20, 4, 100, 50, 16)
 
