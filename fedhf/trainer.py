@@ -39,9 +39,9 @@ from .metrics import plot_history, write_json_atomic
 from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .schedule import round_learning_rate, sample_clients, stream_seed
-from .state import ClientStateStore, latest_checkpoint, load_checkpoint, save_checkpoint
+from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
-from .state.run import RunState, fingerprint
+from .state.run import RunState, check_fingerprint, fingerprint, refuse_to_overwrite, resolve_checkpoint
 from .sync import drift
 
 HISTORY_FILE = "federated_history.json"
@@ -108,9 +108,9 @@ class FederatedTrainer(Trainer):
         ``output_dir``; the resumed run ends with the same model as an uninterrupted one."""
         args = self.args
         start = time.time()
-        checkpoint = self._resolve_checkpoint(resume_from_checkpoint)  # checked before any work starts
+        checkpoint = resolve_checkpoint(args.output_dir, resume_from_checkpoint)  # checked before any work starts
         if checkpoint is None:
-            self._refuse_to_overwrite_an_earlier_run()
+            refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)
         self._train_data, self._collator = self._client_data_pipeline()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
@@ -365,37 +365,9 @@ class FederatedTrainer(Trainer):
         dist.all_gather_object(parts, local)  # between this run's own processes only
         return {k: v for part in parts for k, v in part.items()}
 
-    def _refuse_to_overwrite_an_earlier_run(self) -> None:
-        out = self.args.output_dir
-        earlier = os.path.exists(os.path.join(out, HISTORY_FILE)) or latest_checkpoint(out) is not None
-        if earlier and not self.args.overwrite_output_dir:
-            raise ValueError(
-                f"{out} holds an earlier federated run ({HISTORY_FILE} or {CHECKPOINT_PREFIX}N). Resume it with "
-                "`train(resume_from_checkpoint=True)`, choose another `output_dir`, or set `overwrite_output_dir=True` "
-                "to replace it.")
-
-    def _resolve_checkpoint(self, resume_from_checkpoint) -> Optional[str]:
-        if not resume_from_checkpoint:
-            return None
-        if resume_from_checkpoint is True:
-            path = latest_checkpoint(self.args.output_dir)
-            if path is None:
-                raise ValueError(f"`resume_from_checkpoint=True` but {self.args.output_dir} holds no complete "
-                                 f"{CHECKPOINT_PREFIX}N folder; pass a path, or set `save_every_rounds` to write them.")
-            return path
-        if not os.path.isdir(resume_from_checkpoint):
-            raise ValueError(f"`resume_from_checkpoint`={resume_from_checkpoint!r} is not a folder.")
-        return resume_from_checkpoint
-
     def _restore(self, path: str) -> RunState:
         groups, meta = load_checkpoint(path)
-        expected = fingerprint(self.args, self.algorithm)
-        stored = meta.get("fingerprint", {})
-        mismatched = sorted(k for k in expected if stored.get(k) != expected[k])
-        if mismatched:
-            details = "; ".join(f"{k}: checkpoint {stored.get(k)!r}, now {expected[k]!r}" for k in mismatched)
-            raise ValueError(f"Checkpoint {path} was written by a different run ({details}). Resume with the same "
-                             "settings, or start a new run in another output_dir.")
+        check_fingerprint(path, meta, fingerprint(self.args, self.algorithm))
         run = RunState.from_checkpoint(groups, meta)
         world, rank = self.args.world_size, self.args.process_index
         self.client_store.load_tensors(groups.get("client_store", {}), keep=lambda cid: cid % world == rank)

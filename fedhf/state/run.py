@@ -7,10 +7,12 @@ either the broadcast Thetabar (``sync_state``) or per-client state in the client
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional, Union
 
 from ..params import TensorDict
+from .checkpoint import PREFIX, latest_checkpoint
 
 #: Config fields that must match between a checkpoint and the run resuming from it.
 FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
@@ -48,3 +50,37 @@ class RunState:
 
 def fingerprint(args, algorithm) -> dict:
     return {"algorithm": algorithm.describe(), **{name: getattr(args, name) for name in FINGERPRINT_FIELDS}}
+
+
+def check_fingerprint(path: str, meta: dict, expected: dict) -> None:
+    stored = meta.get("fingerprint", {})
+    mismatched = sorted(k for k in expected if stored.get(k) != expected[k])
+    if mismatched:
+        details = "; ".join(f"{k}: checkpoint {stored.get(k)!r}, now {expected[k]!r}" for k in mismatched)
+        raise ValueError(f"Checkpoint {path} was written by a different run ({details}). Resume with the same "
+                         "settings, or start a new run in another output_dir.")
+
+
+def resolve_checkpoint(output_dir: str, resume_from_checkpoint: Union[str, bool, None]) -> Optional[str]:
+    """The checkpoint folder to resume from: a path, or True for the latest complete one in ``output_dir``."""
+    if not resume_from_checkpoint:
+        return None
+    if resume_from_checkpoint is True:
+        path = latest_checkpoint(output_dir)
+        if path is None:
+            raise ValueError(f"`resume_from_checkpoint=True` but {output_dir} holds no complete {PREFIX}N folder; "
+                             "pass a path, or set `save_every_rounds` to write them.")
+        return path
+    if not os.path.isdir(resume_from_checkpoint):
+        raise ValueError(f"`resume_from_checkpoint`={resume_from_checkpoint!r} is not a folder.")
+    return resume_from_checkpoint
+
+
+def refuse_to_overwrite(output_dir: str, overwrite: bool, history_file: str) -> None:
+    """Nothing a user saved is replaced silently: a new run needs an output_dir without an earlier run."""
+    earlier = os.path.exists(os.path.join(output_dir, history_file)) or latest_checkpoint(output_dir) is not None
+    if earlier and not overwrite:
+        raise ValueError(
+            f"{output_dir} holds an earlier federated run ({history_file} or {PREFIX}N). Resume it with "
+            "`train(resume_from_checkpoint=True)`, choose another `output_dir`, or set `overwrite_output_dir=True` "
+            "to replace it.")
