@@ -31,6 +31,15 @@ def _config(tmp_path, **kw):
     ({"correction": "global_mix", "correction_kwargs": {"beta": 1.0}}, "beta"),
     ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps"),
     ({"min_partition_size": 0}, "min_partition_size"),
+    ({"state_sync": "gossip"}, "Unknown state sync 'gossip' in `state_sync`.*average_warmstart"),
+    ({"state_sync_kwargs": {"fraction": 0.1}}, "state_sync_kwargs.*without `state_sync`"),
+    ({"algorithm": "fedmuon_svd", "state_sync": "compressed_average", "state_sync_kwargs": {"fraction": 1.5}},
+     "fraction"),
+    ({"algorithm": "local_adamw", "state_sync": "average_warmstart"}, "cannot import.*fedhf local optimizer"),
+    ({"server_rule": "preconditioned_mix"}, "preconditioned_mix.*needs the local optimizer FOOF.*local_optimizer"),
+    ({"algorithm": "local_sophia", "algorithm_kwargs": {"hessian_estimator": "exact"}},
+     "local_optimizer_kwargs.*Sophia.*hessian_estimator"),
+    ({"algorithm": "fadam_gt", "algorithm_kwargs": {"tracked_fraction": 0.0}}, "tracked_fraction"),
 ])
 def test_bad_config_is_refused_with_the_field_named(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -78,6 +78,15 @@ class LocalOptimizer:
                     f"{cls.__name__} does not accept {unknown} (from `local_optimizer_kwargs` or the algorithm). "
                     f"It accepts: {', '.join(k for k in accepted if k not in ('self', 'params'))}."
                 )
+        self._probe()
+
+    def _probe(self) -> None:
+        """Build once on a dummy matrix, so a bad value (an unknown estimator, a negative beta) is refused when the
+        config is built, not at the first client of the first round."""
+        try:
+            self.build({"probe.weight": torch.nn.Parameter(torch.zeros(2, 2))}, self.lr)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"Bad `local_optimizer_kwargs` for {self.cls.__name__}: {err}") from None
 
     @property
     def cls(self) -> type:
