@@ -113,8 +113,10 @@ def test_every_named_algorithm_trains_full_weights(digits, tmp_path, name):
 def test_every_named_algorithm_trains_lora(minilm, tweets, tokenizer, tmp_path, name):
     model = lora_minilm(minilm)
     before = trainable_state(model)
-    args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=2,
-                  per_device_train_batch_size=8)
+    # FOOF's covariances default to a pass over all local data per round; 64 examples keep the test short.
+    kwargs = {"curvature_samples": 64} if name in ("fedpm", "localnewton") else {}
+    args = config(tmp_path, algorithm=name, algorithm_kwargs=kwargs, num_clients=4, clients_per_round=2,
+                  num_rounds=2, local_steps=2, per_device_train_batch_size=8)
     tweet_trainer(model, tweets, tokenizer, args, evaluate=False).train()
     after = trainable_state(model)
     assert all(not torch.equal(before[n], after[n]) for n in before)
