@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 RUN_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME=$(CURDIR)/.cache/hf \
            TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore::FutureWarning
 
-.PHONY: demo test install benchmarks clean
+.PHONY: demo test install benchmarks benchmark-algorithms clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test: $(STAMP)
 benchmarks: $(STAMP)
 	$(RUN_ENV) $(PY) benchmarks/overhead.py | grep -v "^{" | tee benchmarks/overhead_result.txt
 	$(RUN_ENV) $(PY) benchmarks/memory.py | tee benchmarks/memory_result.txt
+
+# The algorithm comparison: about 37 minutes on 2 CPU cores; interrupted runs resume.
+benchmark-algorithms: $(STAMP)
+	$(RUN_ENV) $(PY) benchmarks/algorithms.py --budget full
 
 clean:
 	rm -rf $(VENV) outputs .cache

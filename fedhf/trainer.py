@@ -297,9 +297,12 @@ class FederatedTrainer(Trainer):
     def _client_batches(self, cid: int, round_index: int, stream: int = 2, cycle: bool = True) -> Iterator[dict]:
         """The client's data, reshuffled per pass from its own stream and cycled for as many steps as asked."""
         generator = torch.Generator().manual_seed(stream_seed(self.args.seed, round_index, cid, stream))
-        loader = DataLoader(Subset(self._train_data, self.client_partitions[cid].tolist()),
-                            batch_size=self.args.per_device_train_batch_size, shuffle=True, generator=generator,
-                            collate_fn=self._collator, num_workers=self.args.dataloader_num_workers)
+        rows, batch_size = self.client_partitions[cid].tolist(), self.args.per_device_train_batch_size
+        # dataloader_drop_last (e.g. for BatchNorm models, which cannot train on a 1-row batch) only where the
+        # client still has a full batch.
+        loader = DataLoader(Subset(self._train_data, rows), batch_size=batch_size, shuffle=True, generator=generator,
+                            collate_fn=self._collator, num_workers=self.args.dataloader_num_workers,
+                            drop_last=self.args.dataloader_drop_last and len(rows) >= batch_size)
         yield from loader
         while cycle:
             yield from loader

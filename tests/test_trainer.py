@@ -208,3 +208,14 @@ def test_an_earlier_run_is_not_overwritten_silently(digits, tmp_path):
     assert (tmp_path / "run" / "federated_history.json").read_text() == history
     again = config(tmp_path, num_rounds=1, local_steps=1, overwrite_output_dir=True)
     digit_trainer(tiny_resnet(), digits, again, evaluate=False).train()
+
+
+def test_dataloader_drop_last_lets_batchnorm_clients_skip_a_one_row_batch(digits, tmp_path):
+    """A client of 17 rows with batch 16 ends each pass on a 1-row batch, on which BatchNorm cannot train."""
+    parts = [list(range(17)), list(range(17, 40))]
+    args = config(tmp_path / "crash", num_clients=2, clients_per_round=2, num_rounds=1, local_steps=2)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        digit_trainer(tiny_resnet(), digits, args, evaluate=False, client_partitions=parts).train()
+    args = config(tmp_path / "ok", num_clients=2, clients_per_round=2, num_rounds=1, local_steps=2,
+                  dataloader_drop_last=True)
+    digit_trainer(tiny_resnet(), digits, args, evaluate=False, client_partitions=parts).train()

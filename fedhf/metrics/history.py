@@ -16,6 +16,9 @@ def write_json_atomic(obj, path: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a history is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

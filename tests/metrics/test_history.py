@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -29,5 +30,8 @@ def test_history_json_is_replaced_whole_and_plotted(tmp_path):
     write_json_atomic(history[:1], str(path))
     assert json.loads(path.read_text()) == history[:1]
     assert [p.name for p in tmp_path.iterdir()] == ["h.json"]  # no temporary file left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
     assert plot_history(history, str(tmp_path / "h.png")) == str(tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
