@@ -98,10 +98,16 @@ def test_any_torch_optimizer_is_a_local_optimizer(digits, tmp_path, optimizer):
     assert all(not torch.equal(before[n], after[n]) for n in before)
 
 
+def _short_curvature_pass(name: str) -> dict:
+    """FOOF's covariances default to a pass over all local data per round; 64 examples keep the tests short."""
+    return {"curvature_samples": 64} if name in ("fedpm", "localnewton") else {}
+
+
 @pytest.mark.parametrize("name", fedhf.list_algorithms())
 def test_every_named_algorithm_trains_full_weights(digits, tmp_path, name):
     model = tiny_resnet()
-    args = config(tmp_path, algorithm=name, num_clients=4, clients_per_round=2, num_rounds=2, local_steps=3)
+    args = config(tmp_path, algorithm=name, algorithm_kwargs=_short_curvature_pass(name), num_clients=4,
+                  clients_per_round=2, num_rounds=2, local_steps=3)
     trainer = digit_trainer(model, digits, args, evaluate=False)
     before = trainable_state(model)
     output = trainer.train()
@@ -113,10 +119,8 @@ def test_every_named_algorithm_trains_full_weights(digits, tmp_path, name):
 def test_every_named_algorithm_trains_lora(minilm, tweets, tokenizer, tmp_path, name):
     model = lora_minilm(minilm)
     before = trainable_state(model)
-    # FOOF's covariances default to a pass over all local data per round; 64 examples keep the test short.
-    kwargs = {"curvature_samples": 64} if name in ("fedpm", "localnewton") else {}
-    args = config(tmp_path, algorithm=name, algorithm_kwargs=kwargs, num_clients=4, clients_per_round=2,
-                  num_rounds=2, local_steps=2, per_device_train_batch_size=8)
+    args = config(tmp_path, algorithm=name, algorithm_kwargs=_short_curvature_pass(name), num_clients=4,
+                  clients_per_round=2, num_rounds=2, local_steps=2, per_device_train_batch_size=8)
     tweet_trainer(model, tweets, tokenizer, args, evaluate=False).train()
     after = trainable_state(model)
     assert all(not torch.equal(before[n], after[n]) for n in before)
