@@ -18,6 +18,10 @@ median over the periods, and ms/step is the mean of those 10 medians -- a median
 refresh once per 10 steps. Targets (cost over AdamW): Muon <= 1.10x, SOAP <= 1.5x, Sophia <= 1.25x. The last
 line gives, per optimizer, the worse of the LoRA and full ratios: ``step_cost muon=1.07x soap=1.32x ...``.
 
+Torch uses all the cores available (``--threads`` to change). Run it alone: while another process holds a core,
+two-thread steps stall at every OpenMP barrier (here 5-10x slower) and the ratios mean nothing; ``--threads 1``
+is the robust choice on a busy machine.
+
     python benchmarks/optimizer_cost.py [--steps 30 --warmup 10 | --quick] [--setups lora full] [--threads N]
 """
 
@@ -28,7 +32,6 @@ import copy
 import os
 import statistics
 import time
-from typing import Dict, List
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -56,7 +59,7 @@ def build_model(path: str, setup: str) -> torch.nn.Module:
     return model.train()
 
 
-def tweet_batches(path: str, count: int) -> List[dict]:
+def tweet_batches(path: str, count: int) -> list[dict]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     tweets = load_tweets()
     tweets["train"] = subsample(tweets["train"], 16 * count)
@@ -84,7 +87,7 @@ class Client:
         if getattr(self.optimizer, "needs_model", False):
             self.optimizer.attach(model_access(model))
         self.step_index = 0
-        self.times: List[Dict[str, float]] = []  # per step: seconds in each of PARTS
+        self.times: list[dict[str, float]] = []  # per step: seconds in each of PARTS
 
     def step(self, batch: dict) -> None:
         start = time.perf_counter()
@@ -103,7 +106,7 @@ class Client:
                            "total": end - start})
 
 
-def per_step(seconds: List[float], period: int = PERIOD) -> float:
+def per_step(seconds: list[float], period: int = PERIOD) -> float:
     """Mean over the positions of a period of the median over periods: robust to load spikes, yet a refresh
     that happens once per period is charged once per period."""
     periods = len(seconds) // period
@@ -111,7 +114,7 @@ def per_step(seconds: List[float], period: int = PERIOD) -> float:
     return sum(medians) / period
 
 
-def measure(path: str, setup: str, batches: List[dict], warmup: int) -> Dict[str, Dict[str, float]]:
+def measure(path: str, setup: str, batches: list[dict], warmup: int) -> dict[str, dict[str, float]]:
     base = build_model(path, setup)
     clients = [Client(name, copy.deepcopy(base)) for name in OPTIMIZERS]
     del base
@@ -125,9 +128,9 @@ def measure(path: str, setup: str, batches: List[dict], warmup: int) -> Dict[str
         out[name] = {part: 1e3 * per_step([t[part] for t in timed]) for part in (*PARTS, "total")}
         out[name]["step 0"] = 1e3 * client.times[0]["total"]
     trainable = sum(p.numel() for p in clients[0].params.values())
+    length = statistics.mean(b["input_ids"].shape[1] for b in batches[warmup:])
     print(f"[{setup}] {trainable:,} trainable values, {len(batches) - warmup} timed steps per optimizer "
-          f"(after {warmup} warm-up), mean tokens/batch {sum(b['input_ids'].shape[1] for b in batches[warmup:]) / max(1, len(batches) - warmup):.1f}",
-          flush=True)
+          f"(after {warmup} warm-up), mean tokens/batch {length:.1f}", flush=True)
     return out
 
 
