@@ -9,6 +9,7 @@ exception is the robust aggregators, which say so (``gathers = True``) and recei
 
 from __future__ import annotations
 
+import atexit
 from typing import Dict, List, Mapping, Tuple
 
 import torch
@@ -93,3 +94,27 @@ class RoundSums:
             n = self._sums[key].numel()
             self._sums[key] = flat[offset:offset + n].view_as(self._sums[key])
             offset += n
+
+
+_teardown_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Once per process, when torch.distributed is initialised: destroy its default group at interpreter exit.
+
+    A process that ends with a live gloo group can die with SIGABRT after its work is done: gloo's worker
+    threads still hold tensors whose release needs the GIL while the interpreter is being torn down
+    (pytorch/pytorch#179291; it hit this repo's CI once, and is rare). ``atexit`` runs while Python is whole. A
+    group the user's script destroyed itself is left alone.
+    """
+    global _teardown_registered
+    dist = torch.distributed
+    if _teardown_registered or not (dist.is_available() and dist.is_initialized()):
+        return
+
+    def teardown() -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    atexit.register(teardown)
+    _teardown_registered = True

@@ -30,7 +30,7 @@ from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
-from .aggregation import RoundSums
+from .aggregation import RoundSums, destroy_process_group_at_exit
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
@@ -112,6 +112,7 @@ class FederatedTrainer(Trainer):
         if checkpoint is None:
             refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)
         self._train_data, self._collator = self._client_data_pipeline()
+        destroy_process_group_at_exit()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
             run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server.init(snapshot(params)),

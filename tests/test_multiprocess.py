@@ -48,7 +48,7 @@ def _run(n_processes, algorithm, out, launcher="torchrun"):
                    SCRIPT, algorithm, str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = _launch(command, env)
-    assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-3000:])
+    assert done.returncode == 0, (done.stdout[-1500:], done.stderr)
     assert f"world_size {n_processes}" in done.stdout
     return load_file(str(out))
 
