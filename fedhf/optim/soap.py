@@ -109,9 +109,11 @@ def refresh_eigenbases(factors: Bases, bases: Bases, exp_avg_sq: torch.Tensor
         if factor is None:
             out.append(None)
             continue
-        order = torch.argsort(torch.diag(basis.T @ factor @ basis), descending=True)
+        # L Q is needed twice: its column-wise dot with Q gives diag(Q^T L Q), and permuted it is the power step.
+        factor_basis = factor @ basis
+        order = torch.argsort((basis * factor_basis).sum(0), descending=True)
         exp_avg_sq = exp_avg_sq.index_select(dim, order)
-        out.append(torch.linalg.qr(factor @ basis[:, order])[0])
+        out.append(torch.linalg.qr(factor_basis[:, order])[0])
     return out, exp_avg_sq
 
 
