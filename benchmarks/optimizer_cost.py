@@ -18,6 +18,14 @@ median over the periods, and ms/step is the mean of those 10 medians -- a median
 refresh once per 10 steps. Targets (cost over AdamW): Muon <= 1.10x, SOAP <= 1.5x, Sophia <= 1.25x. The last
 line gives, per optimizer, the worse of the LoRA and full ratios: ``step_cost muon=1.07x soap=1.32x ...``.
 
+After timing, one more period per optimizer runs under ``FlopCounterMode`` and the table adds the matmul GFLOP
+per step of the model passes and of the optimizer step, and ``flop x``: the matmul work over AdamW's. That is
+the ratio on hardware that ran every matmul at one speed (and elementwise work for free), so it tells a slow
+implementation from work the algorithm cannot avoid at this batch: for an m x n weight seen by B tokens per
+step, Muon's Newton-Schulz costs of the order of ``T * min(m, n) / B`` times the weight's forward+backward
+(Jordan, "Muon", 2024, "FLOP overhead"; T = 5 iterations) and SOAP's rotations of the order of ``(m + n) / B``;
+here B is ~900 tokens, and an embedding, whose forward is a lookup, has only the optimizer's cost.
+
 Torch uses all the cores available (``--threads`` to change). Run it alone: while another process holds a core,
 two-thread steps stall at every OpenMP barrier (here 5-10x slower) and the ratios mean nothing; ``--threads 1``
 is the robust choice on a busy machine.
@@ -28,6 +36,7 @@ is the robust choice on a busy machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import statistics
@@ -38,6 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from peft import LoraConfig, TaskType, get_peft_model  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding  # noqa: E402
 
 from fedhf.data.bundled import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
@@ -89,17 +99,20 @@ class Client:
         self.step_index = 0
         self.times: list[dict[str, float]] = []  # per step: seconds in each of PARTS
 
-    def step(self, batch: dict) -> None:
+    def step(self, batch: dict, model_flops=None, step_flops=None) -> None:
+        """One local step; ``model_flops``/``step_flops`` (FlopCounterMode) count the model passes / the step."""
         start = time.perf_counter()
-        hook = getattr(self.optimizer, "before_forward", None)
-        if hook is not None:
-            hook(self.step_index, batch)
-        curvature = time.perf_counter()
-        self.model(**batch).loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params.values(), 1.0)
+        with model_flops or contextlib.nullcontext():
+            hook = getattr(self.optimizer, "before_forward", None)
+            if hook is not None:
+                hook(self.step_index, batch)
+            curvature = time.perf_counter()
+            self.model(**batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params.values(), 1.0)
         backward = time.perf_counter()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with step_flops or contextlib.nullcontext():
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         end = time.perf_counter()
         self.step_index += 1
         self.times.append({"curvature": curvature - start, "fwd+bwd": backward - curvature, "opt.step": end - backward,
@@ -112,6 +125,20 @@ def per_step(seconds: list[float], period: int = PERIOD) -> float:
     periods = len(seconds) // period
     medians = [statistics.median(seconds[j:periods * period:period]) for j in range(period)]
     return sum(medians) / period
+
+
+def count_gflops(client: Client, batches: list[dict]) -> tuple[float, float]:
+    """Matmul GFLOP per step over one period (so each refresh counts once): (model passes, optimizer step).
+
+    FlopCounterMode counts mm/addmm/bmm/convolutions whatever their dtype, not QR or eigh: the optimizer's
+    count is a lower bound on its work."""
+    model_total = step_total = 0
+    for batch in batches:  # fresh counters every step: entering a FlopCounterMode resets its counts
+        model_flops, step_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
+        client.step(batch, model_flops, step_flops)
+        model_total += model_flops.get_total_flops()
+        step_total += step_flops.get_total_flops()
+    return model_total / 1e9 / len(batches), step_total / 1e9 / len(batches)
 
 
 def measure(path: str, setup: str, batches: list[dict], warmup: int) -> dict[str, dict[str, float]]:
@@ -127,6 +154,7 @@ def measure(path: str, setup: str, batches: list[dict], warmup: int) -> dict[str
         timed = client.times[warmup:]
         out[name] = {part: 1e3 * per_step([t[part] for t in timed]) for part in (*PARTS, "total")}
         out[name]["step 0"] = 1e3 * client.times[0]["total"]
+        out[name]["GF model"], out[name]["GF step"] = count_gflops(client, batches[-PERIOD:])
     trainable = sum(p.numel() for p in clients[0].params.values())
     length = statistics.mean(b["input_ids"].shape[1] for b in batches[warmup:])
     print(f"[{setup}] {trainable:,} trainable values, {len(batches) - warmup} timed steps per optimizer "
@@ -154,16 +182,22 @@ def main() -> None:
           f"(position-wise median over {steps // PERIOD} periods of {PERIOD}); parts: curvature refresh "
           "(amortised), forward+backward+clip, optimizer step+zero_grad")
     print(f"{'setup':<6}{'optimizer':<10}{'ms/step':>9}{'x AdamW':>9}" + "".join(f"{p:>11}" for p in PARTS)
-          + f"{'step 0':>10}")
+          + f"{'step 0':>10}{'GF model':>10}{'GF step':>9}{'flop x':>8}")
     worst = {name: 0.0 for name in TARGETS}
+    worst_flops = dict(worst)
     for setup, by_name in results.items():
+        adamw = by_name["adamw"]
         for name, ms in by_name.items():
-            ratio = ms["total"] / by_name["adamw"]["total"]
+            ratio = ms["total"] / adamw["total"]
+            flops = (ms["GF model"] + ms["GF step"]) / (adamw["GF model"] + adamw["GF step"])
             if name in worst:
-                worst[name] = max(worst[name], ratio)
+                worst[name], worst_flops[name] = max(worst[name], ratio), max(worst_flops[name], flops)
             print(f"{setup:<6}{name:<10}{ms['total']:9.1f}{ratio:8.2f}x" + "".join(f"{ms[p]:11.1f}" for p in PARTS)
-                  + f"{ms['step 0']:10.1f}")
-    print("targets: " + " ".join(f"{n}<={t:.2f}x ({'met' if worst[n] <= t else 'MISSED'})" for n, t in TARGETS.items()))
+                  + f"{ms['step 0']:10.1f}{ms['GF model']:10.1f}{ms['GF step']:9.1f}{flops:7.2f}x")
+    print("GF: matmul GFLOP per step (model passes incl. curvature / optimizer step, QR and eigh not counted); "
+          "flop x: matmul work over AdamW's, the cost ratio if every matmul ran at one speed")
+    print("targets: " + " ".join(f"{n}<={t:.2f}x ({'met' if worst[n] <= t else 'MISSED'}; flop x {worst_flops[n]:.2f})"
+                                 for n, t in TARGETS.items()))
     print("step_cost " + " ".join(f"{name}={ratio:.2f}x" for name, ratio in worst.items()))
 
 

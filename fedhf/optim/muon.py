@@ -12,6 +12,11 @@ Tensors that are not 2-D go to AdamW. Deviation, said here on purpose: the paper
 filters (4-D) to (out, in*kh*kw) for Muon; ``torch.optim.Muon`` accepts only 2-D parameters, so conv filters
 stay on AdamW until fedhf has its own Muon update.
 
+Cost: five Newton-Schulz iterations on an m x n matrix (m <= n) are ~20 m^2 n flops per step, against 6 m n B
+for the matrix's forward+backward over B tokens. On LoRA factors (m = r) that is nothing; on full weights at
+fine-tuning batches it is more than the model (benchmarks/optimizer_cost.py: 196 vs 58 GFLOP at ~910 tokens),
+and an embedding routed here pays it for a layer whose forward is a lookup -- ``hidden_only`` avoids that.
+
 Learning rates follow the FedMuon code: AdamW runs at ``lr`` (the round's scheduled learning rate) and Muon at
 ``lr * muon_lr_mult``, so the cosine schedule over rounds moves both together.
 """
