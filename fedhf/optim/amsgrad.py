@@ -40,11 +40,6 @@ def amsgrad_no_bias_direction(grad: torch.Tensor, m: torch.Tensor, v: torch.Tens
     return m / (v_hat.sqrt() + eps)
 
 
-def state_dtype(p: torch.Tensor) -> torch.dtype:
-    """Moments in fp32 for half-precision parameters, in the parameter's own dtype from fp32 up."""
-    return torch.promote_types(p.dtype, torch.float32)
-
-
 class AMSGradNoBias(FederatedOptimizer):
     """Adam without bias correction, AMSGrad max on by default (ALGORITHMS.md 1.7).
 
@@ -70,26 +65,17 @@ class AMSGradNoBias(FederatedOptimizer):
                 p = by_name[split_theta_key(key)[1]]
                 self.state[p]["exp_avg_sq"] = self.state[p]["max_exp_avg_sq"].clone()
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state, dtype = self.state[p], state_dtype(p)
-                # Key by key, so an imported v / v_hat survives the first step.
-                for key in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self.amsgrad else ()):
-                    if key not in state:
-                        state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self.amsgrad else ())
+                state, dtype = self.lazy_state(p, keys)
                 grad = p.grad.to(dtype)
                 if group["weight_decay"]:
                     grad = grad.add(p.to(dtype), alpha=group["weight_decay"])
                 direction = amsgrad_no_bias_direction(grad, state["exp_avg"], state["exp_avg_sq"],
                                                       state.get("max_exp_avg_sq"), beta1, beta2, group["eps"])
                 p.add_(direction.to(p.dtype), alpha=-group["lr"])
-        return loss

@@ -66,6 +66,30 @@ class FederatedOptimizer(torch.optim.Optimizer):
         self.model_access: Union[ModelAccess, None] = None
         super().__init__([p for _, p in named], defaults)
 
+    # ---------------------------------------------------------------- the step
+    @torch.no_grad()
+    def step(self, closure=None):
+        """torch's step protocol (an optional closure re-evaluates the loss with gradients); the update itself,
+        from the ``.grad`` of the parameters, is the subclass's :meth:`update`."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.update()
+        return loss
+
+    def update(self) -> None:
+        raise NotImplementedError
+
+    def lazy_state(self, p: torch.Tensor, keys: Iterable[str]) -> Tuple[Dict[str, Any], torch.dtype]:
+        """p's state with every key of ``keys`` present, and its dtype (fp32 for half-precision parameters, p's
+        own from fp32 up). Missing keys start at zero one by one, so an imported Theta survives the first step."""
+        state, dtype = self.state[p], torch.promote_types(p.dtype, torch.float32)
+        for key in keys:
+            if key not in state:
+                state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+        return state, dtype
+
     # ---------------------------------------------------------------- Theta
     def named_params(self) -> List[Tuple[str, torch.Tensor]]:
         return [(self.param_names[p], p) for group in self.param_groups for p in group["params"]]

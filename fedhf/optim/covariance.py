@@ -49,25 +49,15 @@ class CovarianceAdam(FederatedOptimizer):
             raise ValueError(f"betas must be in [0, 1), got {betas}.")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "tau": tau, "weight_decay": weight_decay})
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                dtype = torch.promote_types(p.dtype, torch.float32)  # fp32 state for half-precision params
-                for key in ("m", "P"):  # key by key, so an imported P survives the first step
-                    if key not in state:
-                        state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                state, dtype = self.lazy_state(p, ("m", "P"))
                 grad = p.grad.to(dtype)
                 if group["weight_decay"]:
                     grad = grad.add(p.to(dtype), alpha=group["weight_decay"])
                 direction = covariance_direction(grad, state["m"], state["P"], beta1, beta2, group["tau"])
                 p.add_(direction.to(p.dtype), alpha=-group["lr"])
-        return loss

@@ -230,12 +230,7 @@ class FOOF(FederatedOptimizer):
         self.refresh_curvature()  # at x_i^K: uploaded for mixing and kept as next round's preconditioner
 
     # ------------------------------------------------------------ the step
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         self._ensure_curvature()  # a no-op inside the trainer (before_forward did it); for use outside it
         group_of = {id(p): group for group in self.param_groups for p in group["params"]}
         done = set()
@@ -257,4 +252,3 @@ class FOOF(FederatedOptimizer):
             for p in group["params"]:
                 if p.grad is not None and id(p) not in done:
                     p.add_(p.grad + group["weight_decay"] * p, alpha=-group["lr"])
-        return loss

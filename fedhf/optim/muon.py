@@ -87,15 +87,9 @@ class MuonAdamW(FederatedOptimizer):
     def inner(self) -> List[torch.optim.Optimizer]:
         return [o for o in (self.muon, self.adamw) if o is not None]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         for optimizer in self.inner:
             optimizer.step()
-        return loss
 
     def state_dict(self) -> dict:
         return {"muon": self.muon.state_dict() if self.muon else None,

@@ -154,12 +154,7 @@ class SOAP(FederatedOptimizer):
     def _dims(group: dict, p: torch.Tensor) -> List[int]:
         return preconditioned_dims(p.shape, group["max_precond_dim"], group["precondition_1d"])
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             shampoo_beta = group["shampoo_beta"] if group["shampoo_beta"] >= 0 else beta2
@@ -194,7 +189,6 @@ class SOAP(FederatedOptimizer):
                     new_bases, state["exp_avg_sq"] = refresh_eigenbases(factors, bases, state["exp_avg_sq"])
                     state["exp_avg"] = project(exp_avg, new_bases)
                     self._set_bases(state, new_bases)
-        return loss
 
     @staticmethod
     def _set_bases(state: dict, bases: Bases) -> None:

@@ -225,12 +225,7 @@ class Sophia(FederatedOptimizer):
             group["hessian_batch_size"] = batch_size
 
     # ------------------------------------------------------------ step
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def update(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -245,4 +240,3 @@ class Sophia(FederatedOptimizer):
                 sophia_update(p, p.grad, state["exp_avg"], state["hessian"], lr=group["lr"],
                               beta1=group["betas"][0], rho=group["rho"], weight_decay=group["weight_decay"],
                               batch_size=group["hessian_batch_size"], eps=group["eps"])
-        return loss
