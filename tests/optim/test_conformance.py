@@ -92,3 +92,35 @@ def test_conformance(case):
     fresh.import_theta(theta)
     again = fresh.export_theta()
     assert again.keys() == theta.keys() and all(torch.equal(again[k], theta[k]) for k in theta)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_closure_step_returns_its_loss_and_makes_the_same_update(case):
+    """torch's protocol: ``step(closure)`` evaluates the closure (loss + backward) with gradients enabled,
+    returns its loss, and moves the parameters exactly as ``loss.backward(); step()`` does."""
+    runs = []
+    for use_closure in (False, True):
+        model, batch = _toy()
+        optimizer = _build(case, model, batch)
+        torch.manual_seed(1)
+        losses = []
+
+        def closure():
+            loss = F.cross_entropy(model(batch["x"]), batch["labels"])
+            loss.backward()
+            return loss
+
+        for step in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            if hasattr(optimizer, "before_forward"):
+                optimizer.before_forward(step, batch)
+            if use_closure:
+                with torch.no_grad():  # the closure must still get its gradients
+                    losses.append(optimizer.step(closure).item())
+            else:
+                losses.append(closure().item())
+                optimizer.step()
+        runs.append((model, losses))
+    (plain, plain_losses), (closed, closed_losses) = runs
+    assert closed_losses == plain_losses
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), closed.parameters()))
