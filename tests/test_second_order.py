@@ -104,7 +104,11 @@ def test_compressed_sync_sends_fewer_bytes_than_the_dense_average(digits, tmp_pa
         return trainer.train().metrics["uplink_MB"] * 2**20
 
     dense, compressed, none = uplink("fedmuon"), uplink("fedmuon_svd"), uplink("local_muon")
-    muon_matrix = 10 * 32 * 4  # the classifier's momentum is the only >= 2-D Muon tensor of the tiny ResNet
-    assert dense - none == pytest.approx(2 * muon_matrix)  # two clients each send it in full
-    # rank 1 (floor(0.05 * 10 * 32 / 43) = 0 -> 1): u (10) + s (1) + v (32) floats per client
-    assert compressed - none == pytest.approx(2 * 43 * 4)
+    # Muon's tensors: the classifier and every conv filter, each as its matrix (shape[0], rest).
+    shapes = [(p.shape[0], p[0].numel()) for p in tiny_resnet().parameters() if p.ndim >= 2]
+    assert len(shapes) > 1
+    assert dense - none == pytest.approx(2 * 4 * sum(m * n for m, n in shapes))  # two clients, each in full
+    # rank r = max(1, floor(0.05 m n / (m + n + 1))): u (m r) + s (r) + v (n r) floats, or dense when not smaller
+    sent = [min(m * n, max(1, int(0.05 * m * n / (m + n + 1))) * (m + n + 1)) for m, n in shapes]
+    assert sum(sent) < sum(m * n for m, n in shapes)
+    assert compressed - none == pytest.approx(2 * 4 * sum(sent))

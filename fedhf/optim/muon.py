@@ -5,12 +5,14 @@ quintic Newton-Schulz iteration, so every update has roughly equal singular valu
 2025) and FedPAC papers use it as the local optimizer of "Local Muon" (ALGORITHMS.md 1.3, 2.1).
 
 Routing (``routing``):
-* ``"ndim>=2"`` (default, the papers' code): every 2-D trainable tensor -- LoRA A and B as separate matrices,
-  classifier heads, embeddings -- goes to Muon.
-* ``"hidden_only"`` (Keller Jordan's README): 2-D tensors except embeddings and output heads.
-Tensors that are not 2-D go to AdamW. Deviation, said here on purpose: the papers' code also flattens conv
-filters (4-D) to (out, in*kh*kw) for Muon; ``torch.optim.Muon`` accepts only 2-D parameters, so conv filters
-stay on AdamW until fedhf has its own Muon update.
+* ``"ndim>=2"`` (default, the papers' code): every trainable tensor of 2 or more dimensions -- LoRA A and B as
+  separate matrices, classifier heads, embeddings, conv filters -- goes to Muon.
+* ``"hidden_only"`` (Keller Jordan's README): the same except embeddings and output heads.
+1-D tensors (biases, norms) go to AdamW. ``torch.optim.Muon`` takes only 2-D parameters, so a tensor of 3 or
+more dimensions (a conv filter (out, in, kh, kw)) reaches it as a 2-D view (out, in*kh*kw) sharing its storage,
+its gradient viewed the same way at every step: the papers' flattening (ALGORITHMS.md 1.3), with the lr
+scaling sqrt(max(1, rows/cols)) of the view. Its momentum (Theta) is exported in the tensor's own shape. A
+tensor whose storage cannot be viewed so (not contiguous, e.g. channels_last) goes to AdamW.
 
 Cost: five Newton-Schulz iterations on an m x n matrix (m <= n) are ~20 m^2 n flops per step, against 6 m n B
 for the matrix's forward+backward over B tokens. On LoRA factors (m = r) that is nothing; on full weights at
@@ -23,7 +25,7 @@ Learning rates follow the FedMuon code: AdamW runs at ``lr`` (the round's schedu
 
 from __future__ import annotations
 
-from typing import Iterable, List, Mapping, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Tuple, Union
 
 import torch
 
@@ -35,9 +37,14 @@ _NOT_HIDDEN = ("embed", "classifier", "lm_head", "score", "pooler", "head")
 
 
 def route_to_muon(name: str, param: torch.Tensor, routing: str) -> bool:
-    if param.ndim != 2:
+    if param.ndim < 2 or (param.ndim > 2 and not param.is_contiguous()):
         return False
     return routing == "ndim>=2" or not any(fragment in name.lower() for fragment in _NOT_HIDDEN)
+
+
+def as_matrix(param: torch.Tensor) -> torch.Tensor:
+    """The (shape[0], rest) view Muon sees, sharing storage: updating it in place updates ``param``."""
+    return param if param.ndim == 2 else param.detach().view(param.shape[0], -1)
 
 
 class MuonAdamW(FederatedOptimizer):
@@ -57,12 +64,14 @@ class MuonAdamW(FederatedOptimizer):
         if routing not in ROUTINGS:
             raise ValueError(f"`routing` must be one of {ROUTINGS}, got {routing!r}.")
         named = [(item if isinstance(item, tuple) else (f"param{i}", item)) for i, item in enumerate(params)]
-        matrices: List[torch.Tensor] = [p for n, p in named if route_to_muon(n, p, routing)]
+        # Muon's tensor -> the parameter it is (a 2-D parameter itself, or the matrix view of a conv filter).
+        self.muon_params: Dict[torch.Tensor, torch.Tensor] = {
+            as_matrix(p): p for n, p in named if route_to_muon(n, p, routing)}
         others: List[torch.Tensor] = [p for n, p in named if not route_to_muon(n, p, routing)]
         self.muon_lr_mult = muon_lr_mult
-        self.muon = torch.optim.Muon(matrices, lr=lr * muon_lr_mult, momentum=momentum, nesterov=nesterov,
-                                     weight_decay=weight_decay, ns_steps=ns_steps,
-                                     adjust_lr_fn=adjust_lr_fn) if matrices else None
+        self.muon = torch.optim.Muon(list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum,
+                                     nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
+                                     adjust_lr_fn=adjust_lr_fn) if self.muon_params else None
         self.adamw = torch.optim.AdamW(others, lr=lr, betas=tuple(betas), eps=eps,
                                        weight_decay=weight_decay) if others else None
         super().__init__(named, {"lr": lr})
@@ -70,26 +79,36 @@ class MuonAdamW(FederatedOptimizer):
     def export_theta(self) -> TensorDict:
         if self.muon is None:
             return {}
-        return {theta_key("momentum_buffer", self.param_names[p]): state["momentum_buffer"].detach().float().clone()
-                for p, state in self.muon.state.items() if "momentum_buffer" in state}
+        out = {}  # in parameter order, whatever order the buffers were created or imported in
+        for matrix, p in self.muon_params.items():
+            buffer = self.muon.state.get(matrix, {}).get("momentum_buffer")
+            if buffer is not None:
+                out[theta_key("momentum_buffer", self.param_names[p])] = buffer.detach().float().reshape(p.shape).clone()
+        return out
 
     def import_theta(self, theta: Mapping[str, torch.Tensor]) -> None:
-        matrices = {self.param_names[p]: p for p in (self.muon.param_groups[0]["params"] if self.muon else [])}
+        matrices = {self.param_names[p]: matrix for matrix, p in self.muon_params.items()}
         for key, value in theta.items():
             state_key, name = split_theta_key(key)
             if state_key != "momentum_buffer" or name not in matrices:
                 raise KeyError(f"MuonAdamW has no Theta entry {key!r}")
-            p = matrices[name]
+            matrix = matrices[name]
             # torch.optim.Muon creates its buffer only when absent, so a warm-started one is kept.
-            self.muon.state[p]["momentum_buffer"] = value.detach().to(device=p.device, dtype=p.dtype).clone()
+            self.muon.state[matrix]["momentum_buffer"] = (
+                value.detach().to(device=matrix.device, dtype=matrix.dtype).reshape(matrix.shape).clone())
 
     @property
     def inner(self) -> List[torch.optim.Optimizer]:
         return [o for o in (self.muon, self.adamw) if o is not None]
 
     def update(self) -> None:
+        views = [(matrix, p) for matrix, p in self.muon_params.items() if matrix is not p]
+        for matrix, p in views:  # a conv filter's gradient, seen as its matrix view
+            matrix.grad = None if p.grad is None else p.grad.reshape(matrix.shape)
         for optimizer in self.inner:
             optimizer.step()
+        for matrix, _ in views:
+            matrix.grad = None
 
     def state_dict(self) -> dict:
         return {"muon": self.muon.state_dict() if self.muon else None,

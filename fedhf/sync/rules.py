@@ -39,7 +39,8 @@ def contribute(ctx: ClientContext, theta: TensorDict, counted: bool, nbytes: Opt
 def drift(sums, total_weight: float) -> Optional[dict]:
     """Delta_D = sum_i w_i ||Theta_i||^2 / W - ||Thetabar||^2 (sum form, float64), and it relative to the mean
     squared norm (for comparing optimizers). None when no Theta was contributed."""
-    keys = [k[len("theta_sq."):] for k in sums.keys() if k.startswith("theta_sq.")]
+    # Sorted: the float64 sums then do not depend on the order the clients' Theta entries were first added.
+    keys = sorted(k[len("theta_sq."):] for k in sums.keys() if k.startswith("theta_sq."))
     if not keys or total_weight <= 0:
         return None
     mean_sq = sum(sums.scalar(f"theta_sq.{k}") for k in keys) / total_weight

@@ -41,3 +41,35 @@ def test_routing_sends_lora_matrices_and_head_to_muon(minilm):
     assert any("lora_A" in n for n in repro) and any("lora_B" in n for n in repro)
     assert any("classifier" in n for n in repro) and not any("classifier" in n for n in hidden)
     assert hidden == {n for n in repro if "classifier" not in n}
+
+
+def test_a_conv_filter_is_trained_as_its_flattened_matrix():
+    """The papers' rule for a 4-D filter (ALGORITHMS.md 1.3): Muon on the (out, in*kh*kw) view, lr scaled by the
+    view's shape. Two steps of MuonAdamW on a conv weight = torch.optim.Muon on the flattened matrix, exactly."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3)
+    flat = torch.nn.Parameter(conv.weight.detach().reshape(8, -1).clone())
+    ours = MuonAdamW([("conv.weight", conv.weight), ("conv.bias", conv.bias)], lr=1e-2, muon_lr_mult=5.0)
+    reference = torch.optim.Muon([flat], lr=5e-2, momentum=0.95, nesterov=True, weight_decay=0.01)
+    for _ in range(2):
+        grad = torch.randn(8, 3, 3, 3)
+        conv.weight.grad, conv.bias.grad, flat.grad = grad, torch.randn(8), grad.reshape(8, -1).clone()
+        ours.step()
+        reference.step()
+        assert torch.equal(conv.weight.detach().reshape(8, -1), flat.detach())
+    theta = ours.export_theta()
+    assert set(theta) == {"momentum_buffer:conv.weight"} and theta["momentum_buffer:conv.weight"].shape == (8, 3, 3, 3)
+    assert torch.equal(theta["momentum_buffer:conv.weight"].reshape(8, -1), reference.state[flat]["momentum_buffer"])
+    fresh = MuonAdamW([("conv.weight", conv.weight), ("conv.bias", conv.bias)])
+    fresh.import_theta(theta)
+    assert torch.equal(fresh.export_theta()["momentum_buffer:conv.weight"], theta["momentum_buffer:conv.weight"])
+
+
+def test_conv_routing_hidden_filters_and_channels_last():
+    conv = torch.nn.Conv2d(3, 8, 3)
+    assert route_to_muon("layer1.conv.weight", conv.weight, "ndim>=2")
+    assert route_to_muon("layer1.conv.weight", conv.weight, "hidden_only")
+    assert not route_to_muon("embedder.convolution.weight", conv.weight, "hidden_only")
+    assert not route_to_muon("layer1.conv.bias", conv.bias, "ndim>=2")
+    channels_last = conv.to(memory_format=torch.channels_last).weight  # no (out, in*kh*kw) view of its storage
+    assert not route_to_muon("layer1.conv.weight", channels_last, "ndim>=2")
