@@ -165,14 +165,16 @@ def fedlada(lr: float = 3e-4, weight_decay: float = 1e-3, betas=(0.9, 0.999), ep
 
 # ---------------------------------------------------------------- FedPM / LocalNewton (FOOF curvature)
 @ALGORITHMS.register("fedpm")
-def fedpm(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4, curvature_samples=None) -> Algorithm:
+def fedpm(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4, curvature_samples=None,
+          mix_lora: bool = False) -> Algorithm:
     """FedPM (Ishii et al., AAAI 2026, "Preconditioned Mixing for Federated Second-Order Optimization"): local
     FOOF-preconditioned SGD with each client's input covariances A_i (computed at the end of its round on its data
     and cached for its next one), and preconditioned mixing on the server,
     W <- W + [sum_i Delta_i (A_i + lambda I)] [sum_j (A_j + lambda I)]^{-1} per linear layer (equations re-derived,
-    ALGORITHMS.md 2.10). Defaults: FedPM Table 4. Sends 1 + FA | 1."""
+    ALGORITHMS.md 2.10). LoRA tensors are averaged unless ``mix_lora`` (ALGORITHMS.md 6: not evaluated in the
+    paper). Defaults: FedPM Table 4. Sends 1 + FA | 1 (FA without the LoRA layers unless ``mix_lora``)."""
     return Algorithm("fedpm", _foof(lr, damping, weight_decay, curvature_samples), sync=PersistLocal(),
-                     server=PreconditionedMix())
+                     server=PreconditionedMix(mix_lora=mix_lora))
 
 
 @ALGORITHMS.register("localnewton")

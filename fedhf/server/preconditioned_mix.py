@@ -14,6 +14,10 @@ and every other tensor takes the plain mean. The damping is inside P_i (the matr
 keeps the mixing consensus-preserving (equal Delta_i give that Delta) and makes it FedAvg as lambda -> infinity
 (ALGORITHMS.md 2.10 [RESOLVED]). A_i is the FOOF matrix the client computed at the end of its round, at x_i^K.
 
+LoRA tensors (peft's ``lora_A``/``lora_B`` linears) take the plain mean by default: FedPM was not evaluated on
+LoRA, and ALGORITHMS.md 6 makes FedAvg mixing the default for them; ``server_rule_kwargs.mix_lora=True`` mixes
+them like any FOOF layer (their clients still step with FOOF either way). Their P is then not sent.
+
 Both halves are sums over participants (reduce keys ``P.<weight name>`` and ``PD.<weight name>``, ALGORITHMS.md
 4.2), so the rule all-reduces like every other; ``server_rule_kwargs.lr`` (eta_g, default 1) scales the step.
 """
@@ -35,6 +39,11 @@ def preconditioned_mix(delta_sum_P: torch.Tensor, P_sum: torch.Tensor) -> torch.
     return torch.linalg.solve(P.T, delta_sum_P.to(torch.float64).T).T
 
 
+def is_lora(name: str) -> bool:
+    """A tensor of one of peft's LoRA adapters (``...lora_A.<adapter>.weight``, ``lora_B``, ``lora_embedding_*``)."""
+    return ".lora_" in name or name.startswith("lora_")
+
+
 def bias_name_of(weight_name: str) -> str:
     """An nn.Linear / nn.Conv2d names its parameters ``<module>.weight`` and ``<module>.bias``."""
     return weight_name[: -len("weight")] + "bias"
@@ -45,10 +54,11 @@ class PreconditionedMix:
     needs_context = True
     requires_optimizer = FOOF  # checked when the algorithm is composed, before any work
 
-    def __init__(self, lr: float = 1.0) -> None:
+    def __init__(self, lr: float = 1.0, mix_lora: bool = False) -> None:
         if lr <= 0:
             raise ValueError(f"`server_rule_kwargs.lr` must be > 0, got {lr}.")
         self.lr = float(lr)
+        self.mix_lora = bool(mix_lora)
 
     def init(self, global_params: TensorDict) -> TensorDict:
         return {}  # the server keeps x only
@@ -68,6 +78,8 @@ class PreconditionedMix:
                              "or choose another `server_rule`.")
         theta = optimizer.export_theta()
         for weight_name, bias_name in optimizer.layers():
+            if is_lora(weight_name) and not self.mix_lora:
+                continue  # averaged like any non-FOOF tensor
             A = theta.get(theta_key("A", weight_name))
             if A is None:
                 raise RuntimeError(f"FOOF has no A for {weight_name!r}: call optimizer.end_round() before client_end.")
@@ -85,11 +97,9 @@ class PreconditionedMix:
         if ctx is None:
             raise ValueError("The preconditioned_mix server rule needs the round's sums (ctx=ServerContext).")
         sums = ctx.sums
+        # (no P at all -- a LoRA-only model without mix_lora -- is FedAvg; client_end has checked for FOOF)
         layers = sorted(key[len("P."):] for key in sums.keys() if key.startswith("P."))
-        if not layers:
-            raise ValueError("preconditioned_mix received no FOOF matrices (P.*): the clients must run "
-                             "`local_optimizer=\"foof\"` and send them with PreconditionedMix.client_end.")
-        new_x = {n: x[n] + self.lr * mean_delta[n] for n in x}  # non-FOOF tensors: the plain mean
+        new_x = {n: x[n] + self.lr * mean_delta[n] for n in x}  # non-FOOF and LoRA tensors: the plain mean
         for weight_name in layers:
             W = x[weight_name]
             step = preconditioned_mix(sums.get(f"PD.{weight_name}"), sums.get(f"P.{weight_name}"))
@@ -104,4 +114,4 @@ class PreconditionedMix:
         return new_x, state
 
     def __repr__(self) -> str:
-        return f"PreconditionedMix(lr={self.lr})"
+        return f"PreconditionedMix(lr={self.lr}, mix_lora={self.mix_lora})"

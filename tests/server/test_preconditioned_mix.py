@@ -139,13 +139,59 @@ def test_large_damping_approaches_the_weighted_mean():
     assert errors[2] < 1e-5
 
 
-def test_clear_errors_for_a_non_foof_optimizer_and_missing_matrices():
+def test_clear_error_for_a_non_foof_optimizer():
     model = torch.nn.Linear(3, 2)
     ctx = ClientContext(client_id=0, round=0, round_lr=0.1, local_lr=0.1, local_steps=1, weight=1.0,
                         params=dict(model.named_parameters()), global_params=snapshot(dict(model.named_parameters())),
                         server_state={}, store=None, sums=RoundSums())
     with pytest.raises(ValueError, match="local_optimizer"):
         PreconditionedMix().client_end(ctx, torch.optim.SGD(model.parameters(), lr=0.1))
-    x = snapshot(dict(model.named_parameters()))
-    with pytest.raises(ValueError, match="P"):
-        PreconditionedMix().apply(x, x, {}, ctx=SimpleNamespace(sums=RoundSums()))
+
+
+class _HeadAndLoRA(torch.nn.Module):
+    """A head and a tensor named like peft's LoRA A (``adapter.lora_A.default.weight``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(4, 2)
+        self.adapter = torch.nn.ModuleDict({"lora_A": torch.nn.ModuleDict({"default": torch.nn.Linear(4, 2, bias=False)})})
+
+    def forward(self, x):
+        return self.head(x) + self.adapter["lora_A"]["default"](x)
+
+
+@pytest.mark.parametrize("mix_lora", [False, True])
+def test_lora_tensors_are_averaged_unless_mix_lora(mix_lora):
+    """ALGORITHMS.md 6: FedPM on LoRA mixes LoRA tensors by FedAvg unless enabled; the head is mixed either way."""
+    lora = "adapter.lora_A.default.weight"
+    model = _HeadAndLoRA().double()
+    params = dict(model.named_parameters())
+    x0 = {n: p.detach().clone() for n, p in params.items()}
+    rule, sums = PreconditionedMix(mix_lora=mix_lora), RoundSums()
+    for w, (a, y) in zip(WEIGHTS, _client_data(2)):
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(x0[n])
+        optimizer = FOOF(params.items(), lr=1.0, damping=0.1, weight_decay=0.0)
+        batch = {"x": a, "y": y}
+        optimizer.attach(ModelAccess(model=model, logits=lambda b: model(b["x"]), batches=lambda b=batch: iter([b]),
+                                     loss=lambda b: 0.5 * (model(b["x"]) - b["y"]).pow(2).sum(1).mean()))
+        optimizer.before_forward(0, batch)
+        optimizer.zero_grad()
+        optimizer.model_access.loss(batch).backward()
+        optimizer.step()
+        optimizer.end_round()
+        ctx = ClientContext(client_id=0, round=0, round_lr=1.0, local_lr=1.0, local_steps=1, weight=w,
+                            params=params, global_params=x0, server_state={}, store=None, sums=sums)
+        rule.client_end(ctx, optimizer)
+        sums.add("w", w)
+        sums.add_tensors("dx", {n: p.detach() - x0[n] for n, p in params.items()}, scale=w)
+        assert ctx.uplink_bytes == (5 * 6 // 2 + (4 * 5 // 2 if mix_lora else 0)) * 4  # upper triangles of P
+    assert ("P." + lora in sums.keys()) == mix_lora and "P.head.weight" in sums.keys()
+    mean_delta = {n: t / sums.scalar("w") for n, t in sums.tensors("dx", x0).items()}
+    new_x, _ = rule.apply(x0, mean_delta, {}, ctx=SimpleNamespace(sums=sums))
+    mixed = preconditioned_mix(sums.get("PD.head.weight"), sums.get("P.head.weight"))
+    torch.testing.assert_close(new_x["head.weight"], x0["head.weight"] + mixed[:, :4], rtol=1e-12, atol=1e-12)
+    averaged = x0[lora] + mean_delta[lora]
+    assert torch.equal(new_x[lora], averaged) != mix_lora  # mixed with its P only when asked
