@@ -94,6 +94,11 @@ class FederatedConfig(TrainingArguments):
         default=None, metadata={"help": "Replace the optimizer-state sync: reset, persist_local, average_warmstart, "
                                         "compressed_average."})
     state_sync_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "State sync kwargs."})
+    drift_spectral: bool = field(
+        default=False,
+        metadata={"help": "Also log FedPAC's layer-wise spectral drift mean_i ||Theta_i - Thetabar||_2 per Theta "
+                          "tensor (precond_drift_spectral*). Costs one matrix 2-norm per tensor and client, and "
+                          "keeps the round's Theta_i in memory until the round's sums are in."})
     round_lr_schedule: str = field(
         default="cosine", metadata={"help": "Learning rate over rounds: 'cosine' (to 0, the papers') or 'constant'."})
     # --- TrainingArguments fields whose default changes meaning here ---

@@ -42,7 +42,7 @@ from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from .state.run import RunState, check_fingerprint, fingerprint, refuse_to_overwrite, resolve_checkpoint
-from .sync import drift
+from .sync import drift, spectral_drift
 
 HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
@@ -163,6 +163,7 @@ class FederatedTrainer(Trainer):
         round_lr = round_learning_rate(algo.optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
         clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
         sums = RoundSums()
+        self._round_thetas = []  # (w_i, Theta_i) of this process's clients, for the spectral drift only
         downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
                                                            run.correction_state, run.sync_state))
         for cid in tqdm(self._clients_of_this_process(sorted(clients)), desc=f"round {r + 1}/{args.num_rounds}",
@@ -199,6 +200,8 @@ class FederatedTrainer(Trainer):
             logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
+        spectral = spectral_drift(self._round_thetas, sums, total_weight) if args.drift_spectral else None
+        self._round_thetas = []
 
         run.rounds_done = r + 1
         run.uplink_bytes += sums.scalar("uplink_bytes")
@@ -208,7 +211,7 @@ class FederatedTrainer(Trainer):
                 "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
                 "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20,
                 "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20,
-                **(drift(sums, total_weight) or {})}
+                **(drift(sums, total_weight) or {}), **(spectral or {})}
 
     # ------------------------------------------------------------------ one client
     def _train_client(self, ctx: ClientContext, buffers: Dict[str, torch.Tensor]) -> None:
@@ -237,7 +240,10 @@ class FederatedTrainer(Trainer):
         if buffers:
             ctx.send("buf", snapshot(buffers), scale=ctx.weight)
         algo.correction.client_end(ctx)
-        algo.sync.client_end(ctx, export_theta(optimizer))
+        theta = export_theta(optimizer)
+        algo.sync.client_end(ctx, theta)
+        if self.args.drift_spectral and theta:
+            self._round_thetas.append((ctx.weight, theta))
         if hasattr(algo.server, "client_end"):  # server rules with a client half (FedPM's curvature upload)
             algo.server.client_end(ctx, optimizer)
         ctx.sums.add("w", ctx.weight)

@@ -1,4 +1,4 @@
-"""2 processes (torchrun, gloo on CPU) give the same global model as 1 process."""
+"""2 processes (torchrun, gloo on CPU) give the same global model, and the same drift metrics, as 1 process."""
 
 from __future__ import annotations
 

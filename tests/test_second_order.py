@@ -31,14 +31,14 @@ def test_fedmuon_broadcasts_the_mean_of_the_clients_momenta_and_logs_their_drift
     original_import = MuonAdamW.import_theta
     monkeypatch.setattr(MuonAdamW, "import_theta", lambda self, theta: imported.append(theta) or original_import(self, theta))
     args = config(tmp_path, algorithm="fedmuon", num_clients=4, clients_per_round=3, num_rounds=2, local_steps=3,
-                  save_every_rounds=1)
+                  save_every_rounds=1, drift_spectral=True)
     trainer = digit_trainer(tiny_resnet(), digits, args, evaluate=False)
     trainer.train()
 
     first_round = finals[:3]
     groups, _ = load_checkpoint(str(tmp_path / "run" / "checkpoint-round-1"))
     broadcast = groups["sync_state"]
-    assert broadcast.keys() == first_round[0].keys() and broadcast  # the >= 2-D momenta (the classifier matrix)
+    assert broadcast.keys() == first_round[0].keys() and broadcast  # the >= 2-D momenta (conv filters, classifier)
     for key in broadcast:
         mean = torch.stack([theta[key] for theta in first_round]).mean(0)
         torch.testing.assert_close(broadcast[key], mean, rtol=1e-6, atol=1e-7)
@@ -49,6 +49,11 @@ def test_fedmuon_broadcasts_the_mean_of_the_clients_momenta_and_logs_their_drift
                   for k in broadcast) / 3
     logged = trainer.federated_history[0]["precond_drift"]
     assert by_hand > 0 and logged == pytest.approx(by_hand, rel=1e-4)
+    for key in broadcast:  # FedPAC Fig. 3: the mean spectral norm per tensor, the momenta as (out, rest) matrices
+        spectral = sum(float(torch.linalg.matrix_norm((theta[key].double() - broadcast[key].double()).flatten(1),
+                                                      ord=2)) for theta in first_round) / 3
+        assert spectral > 0
+        assert trainer.federated_history[0][f"precond_drift_spectral/{key}"] == pytest.approx(spectral, rel=1e-4)
 
 
 def test_fadam_gt_with_identical_clients_equals_local_amsgrad(digits, tmp_path):

@@ -36,19 +36,6 @@ def contribute(ctx: ClientContext, theta: TensorDict, counted: bool, nbytes: Opt
     ctx.sums.add_tensors("theta_sq", {k: t.double().pow(2).sum() for k, t in theta.items()}, ctx.weight)
 
 
-def drift(sums, total_weight: float) -> Optional[dict]:
-    """Delta_D = sum_i w_i ||Theta_i||^2 / W - ||Thetabar||^2 (sum form, float64), and it relative to the mean
-    squared norm (for comparing optimizers). None when no Theta was contributed."""
-    # Sorted: the float64 sums then do not depend on the order the clients' Theta entries were first added.
-    keys = sorted(k[len("theta_sq."):] for k in sums.keys() if k.startswith("theta_sq."))
-    if not keys or total_weight <= 0:
-        return None
-    mean_sq = sum(sums.scalar(f"theta_sq.{k}") for k in keys) / total_weight
-    sq_of_mean = sum(float((sums.get(f"theta.{k}") / total_weight).pow(2).sum()) for k in keys)
-    delta = max(mean_sq - sq_of_mean, 0.0)  # cancellation can make it a hair negative
-    return {"precond_drift": delta, "precond_drift_rel": delta / mean_sq if mean_sq > 0 else 0.0}
-
-
 class StateSync:
     """Base: no state moves. ``server_update`` returns what is broadcast next round (its bytes count as downlink)."""
 

@@ -9,7 +9,8 @@ import torch
 from fedhf.aggregation import RoundSums
 from fedhf.context import ClientContext
 from fedhf.state import ClientStateStore
-from fedhf.sync import AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, drift, low_rank
+from fedhf.sync import (AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, drift, low_rank,
+                        spectral_drift)
 from fedhf.sync.compressed import state_kind
 
 
@@ -83,6 +84,32 @@ def test_drift_is_the_weighted_mean_squared_distance_to_the_mean():
     assert got["precond_drift"] == pytest.approx(by_hand, rel=1e-12)
     mean_sq = sum(w * sum(float(t[k].pow(2).sum()) for k in t) for t, w in zip(thetas, weights)) / W
     assert got["precond_drift_rel"] == pytest.approx(by_hand / mean_sq, rel=1e-12)
+
+
+def test_spectral_drift_is_the_weighted_mean_spectral_norm_of_the_distance_to_the_mean():
+    """FedPAC Fig. 3 per Theta tensor: sum_i w_i ||Theta_i - Thetabar||_2 / W, with diagonal matrices (whose
+    2-norm is their largest |entry|, unlike the Frobenius norm), a conv-shaped tensor read as (out, rest), and a
+    1-D (diagonal) state."""
+    f64 = torch.float64
+    diagonal = [torch.diag(torch.tensor(d, dtype=f64)) for d in ([4.0, 0.0], [0.0, 3.0], [1.0, 1.0])]
+    thetas = [{"GG0:w": D, "momentum_buffer:conv": D.reshape(2, 1, 1, 2), "hessian:b": D.diagonal().clone()}
+              for D in diagonal]
+    weights = [1.0, 2.0, 3.0]
+    sums = RoundSums()
+    for theta, w in zip(thetas, weights):
+        Reset().client_end(_ctx(sums, weight=w), theta)
+        sums.add("w", w)
+    W = sum(weights)
+    mean = sum(w * d.diagonal() for d, w in zip(diagonal, weights)) / W  # Thetabar is diagonal too
+    by_hand = sum(w * float((d.diagonal() - mean).abs().max()) for d, w in zip(diagonal, weights)) / W
+    got = spectral_drift(list(zip(weights, thetas)), sums, W)
+    for key in thetas[0]:
+        assert got[f"precond_drift_spectral/{key}"] == pytest.approx(by_hand, rel=1e-12)
+    assert got["precond_drift_spectral"] == pytest.approx(by_hand, rel=1e-12)
+    assert got["precond_drift_spectral_max"] == pytest.approx(by_hand, rel=1e-12)
+    frobenius = sum(w * float((d.diagonal() - mean).norm()) for d, w in zip(diagonal, weights)) / W
+    assert frobenius > 1.1 * by_hand  # the two norms do differ on these states
+    assert spectral_drift([], sums, 0.0) is None
 
 
 def test_reset_uploads_nothing_average_warmstart_counts_theta_and_averages_it():
