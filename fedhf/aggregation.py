@@ -87,6 +87,8 @@ class RoundSums:
                 if key not in self._sums:
                     self._sums[key] = torch.zeros(shape, dtype=torch.float64)
         keys = sorted(self._sums)
+        if not keys:  # nothing anywhere (e.g. drift of an optimizer without Theta)
+            return
         flat = torch.cat([self._sums[k].reshape(-1) for k in keys])
         dist.all_reduce(flat)
         offset = 0
