@@ -62,6 +62,23 @@ def test_one_foof_step_per_client_then_mixing_is_one_global_newton_step_pure_fun
     torch.testing.assert_close(W1 @ A_bar - C_bar, torch.zeros_like(W1), rtol=0, atol=1e-10)  # zero gradient
 
 
+def _one_foof_step(model, x0, batch, damping):
+    """A client round of one full-batch FOOF step (lr 1) on 0.5 mean ||model(x) - y||^2, from x0; A refreshed."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(x0[n])
+    optimizer = FOOF(params.items(), lr=1.0, damping=damping, weight_decay=0.0)
+    optimizer.attach(ModelAccess(model=model, logits=lambda b: model(b["x"]), batches=lambda: iter([batch]),
+                                 loss=lambda b: 0.5 * (model(b["x"]) - b["y"]).pow(2).sum(1).mean()))
+    optimizer.before_forward(0, batch)
+    optimizer.zero_grad()
+    optimizer.model_access.loss(batch).backward()
+    optimizer.step()
+    optimizer.end_round()
+    return optimizer
+
+
 def test_foof_optimizer_and_server_rule_take_the_global_newton_step():
     data = _client_data(1)
     torch.manual_seed(0)
@@ -70,18 +87,8 @@ def test_foof_optimizer_and_server_rule_take_the_global_newton_step():
     x0 = {n: p.detach().clone() for n, p in params.items()}  # float64 here (the trainer keeps fp32)
     rule, sums, used_A = PreconditionedMix(), RoundSums(), []
     for w, (a, y) in zip(WEIGHTS, data):
-        with torch.no_grad():
-            for n, p in params.items():
-                p.copy_(x0[n])
-        optimizer = FOOF(params.items(), lr=1.0, damping=0.0, weight_decay=0.0)
-        batch = {"x": a, "y": y}
-        optimizer.attach(ModelAccess(model=model, logits=lambda b: model(b["x"]), batches=lambda b=batch: iter([b]),
-                                     loss=lambda b: 0.5 * (model(b["x"]) - b["y"]).pow(2).sum(1).mean()))
-        optimizer.before_forward(0, batch)
-        optimizer.zero_grad()
-        optimizer.model_access.loss(batch).backward()
-        optimizer.step()
-        optimizer.end_round()  # the input covariance of a single linear layer does not depend on W
+        # one FOOF step from x0; the input covariance of a single linear layer does not depend on W
+        optimizer = _one_foof_step(model, x0, {"x": a, "y": y}, damping=0.0)
         used_A.append(optimizer.export_theta()["A:weight"].double())
         ctx = ClientContext(client_id=0, round=0, round_lr=1.0, local_lr=1.0, local_steps=1, weight=w,
                             params=params, global_params=x0, server_state={}, store=None, sums=sums)
@@ -170,18 +177,7 @@ def test_lora_tensors_are_averaged_unless_mix_lora(mix_lora):
     x0 = {n: p.detach().clone() for n, p in params.items()}
     rule, sums = PreconditionedMix(mix_lora=mix_lora), RoundSums()
     for w, (a, y) in zip(WEIGHTS, _client_data(2)):
-        with torch.no_grad():
-            for n, p in params.items():
-                p.copy_(x0[n])
-        optimizer = FOOF(params.items(), lr=1.0, damping=0.1, weight_decay=0.0)
-        batch = {"x": a, "y": y}
-        optimizer.attach(ModelAccess(model=model, logits=lambda b: model(b["x"]), batches=lambda b=batch: iter([b]),
-                                     loss=lambda b: 0.5 * (model(b["x"]) - b["y"]).pow(2).sum(1).mean()))
-        optimizer.before_forward(0, batch)
-        optimizer.zero_grad()
-        optimizer.model_access.loss(batch).backward()
-        optimizer.step()
-        optimizer.end_round()
+        optimizer = _one_foof_step(model, x0, {"x": a, "y": y}, damping=0.1)
         ctx = ClientContext(client_id=0, round=0, round_lr=1.0, local_lr=1.0, local_steps=1, weight=w,
                             params=params, global_params=x0, server_state={}, store=None, sums=sums)
         rule.client_end(ctx, optimizer)

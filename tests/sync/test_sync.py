@@ -67,16 +67,22 @@ def _ctx(sums, store=None, weight=1.0, client=0, sync_state=None):
                          sync_state=sync_state or {})
 
 
+def _contributed(thetas, weights):
+    """The round's sums after each client contributed its Theta (Reset: drift diagnostics only) and weight."""
+    sums = RoundSums()
+    for theta, w in zip(thetas, weights):
+        Reset().client_end(_ctx(sums, weight=w), theta)
+        sums.add("w", w)
+    return sums
+
+
 def test_drift_is_the_weighted_mean_squared_distance_to_the_mean():
     f64 = torch.float64
     thetas = [{"v:a": torch.tensor([1.0, 2.0], dtype=f64), "v:b": torch.tensor([[0.5]], dtype=f64)},
               {"v:a": torch.tensor([3.0, -1.0], dtype=f64), "v:b": torch.tensor([[1.5]], dtype=f64)},
               {"v:a": torch.tensor([0.0, 0.0], dtype=f64), "v:b": torch.tensor([[-2.0]], dtype=f64)}]
     weights = [1.0, 2.0, 3.0]
-    sums = RoundSums()
-    for theta, w in zip(thetas, weights):
-        Reset().client_end(_ctx(sums, weight=w), theta)
-        sums.add("w", w)
+    sums = _contributed(thetas, weights)
     W = sum(weights)
     mean = {k: sum(w * t[k] for t, w in zip(thetas, weights)) / W for k in thetas[0]}
     by_hand = sum(w * sum(float((t[k] - mean[k]).pow(2).sum()) for k in t) for t, w in zip(thetas, weights)) / W
@@ -95,10 +101,7 @@ def test_spectral_drift_is_the_weighted_mean_spectral_norm_of_the_distance_to_th
     thetas = [{"GG0:w": D, "momentum_buffer:conv": D.reshape(2, 1, 1, 2), "hessian:b": D.diagonal().clone()}
               for D in diagonal]
     weights = [1.0, 2.0, 3.0]
-    sums = RoundSums()
-    for theta, w in zip(thetas, weights):
-        Reset().client_end(_ctx(sums, weight=w), theta)
-        sums.add("w", w)
+    sums = _contributed(thetas, weights)
     W = sum(weights)
     mean = sum(w * d.diagonal() for d, w in zip(diagonal, weights)) / W  # Thetabar is diagonal too
     by_hand = sum(w * float((d.diagonal() - mean).abs().max()) for d, w in zip(diagonal, weights)) / W
