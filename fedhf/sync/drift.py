@@ -9,7 +9,9 @@
   the symmetric SOAP / FOOF factors, the largest |eigenvalue|; for a 1-D (diagonal) state, its largest |entry|.
   It is not a sum of per-client terms: each process keeps its clients' Theta_i until Thetabar is known (phase 1,
   the round's all-reduce), then the norms are summed (phase 2, a second small all-reduce). The paper's figure
-  averages over clients; the weights w_i / W here are the ones Thetabar and the Frobenius form use.
+  averages over clients; the weights w_i / W here are the ones Thetabar and the Frobenius form use. Thetabar is
+  the aggregate the server holds: with ``compressed_average``, the mean of the low-rank uploads, against which
+  the spectral form measures each client's own Theta_i (the Frobenius form sees only the uploads).
 """
 
 from __future__ import annotations
