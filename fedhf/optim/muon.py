@@ -67,6 +67,7 @@ class MuonAdamW(FederatedOptimizer):
         # Muon's tensor -> the parameter it is (a 2-D parameter itself, or the matrix view of a conv filter).
         self.muon_params: Dict[torch.Tensor, torch.Tensor] = {
             as_matrix(p): p for n, p in named if route_to_muon(n, p, routing)}
+        self._views = [(matrix, p) for matrix, p in self.muon_params.items() if matrix is not p]  # conv filters
         others: List[torch.Tensor] = [p for n, p in named if not route_to_muon(n, p, routing)]
         self.muon_lr_mult = muon_lr_mult
         self.muon = torch.optim.Muon(list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum,
@@ -102,12 +103,11 @@ class MuonAdamW(FederatedOptimizer):
         return [o for o in (self.muon, self.adamw) if o is not None]
 
     def update(self) -> None:
-        views = [(matrix, p) for matrix, p in self.muon_params.items() if matrix is not p]
-        for matrix, p in views:  # a conv filter's gradient, seen as its matrix view
+        for matrix, p in self._views:  # a conv filter's gradient, seen as its matrix view
             matrix.grad = None if p.grad is None else p.grad.reshape(matrix.shape)
         for optimizer in self.inner:
             optimizer.step()
-        for matrix, _ in views:
+        for matrix, _ in self._views:
             matrix.grad = None
 
     def state_dict(self) -> dict:
