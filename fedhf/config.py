@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional, Union
 from transformers import TrainingArguments
 
 from .data import PARTITIONERS
+from .processes import cpu_only_launch
 
 ROUND_SCHEDULES = ("cosine", "constant")
 CLIENT_WEIGHTINGS = ("uniform", "num_samples")
@@ -126,6 +127,11 @@ class FederatedConfig(TrainingArguments):
         default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training."})
 
     def __post_init__(self) -> None:
+        if cpu_only_launch() and not self.use_cpu:
+            # Without use_cpu, accelerate reports one process under torchrun/accelerate launch on a machine with
+            # no GPU while torch.distributed holds them all: every process would train every client
+            # (fedhf/processes.py). On such a machine CPU is the only device anyway.
+            self.use_cpu = True
         super().__post_init__()
         for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
                      "state_sync_kwargs"):

@@ -38,6 +38,7 @@ from .hub import FEDERATED_TAGS, federated_card_section
 from .metrics import plot_history, write_json_atomic
 from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
+from .processes import process_world
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
@@ -69,6 +70,7 @@ class FederatedTrainer(Trainer):
                 "The model has no trainable parameters (every requires_grad is False): apply a peft adapter "
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
+        self.world = process_world(args)  # the process map and the round's all-reduce count the same processes
         self.algorithm = args.build_algorithm()
         # Robust aggregators need each client's update, not just the sums (see fedhf.server.robust).
         self._server_gathers = bool(getattr(self.algorithm.server, "gathers", False))
@@ -82,8 +84,8 @@ class FederatedTrainer(Trainer):
                                       "sizes": [len(p) for p in self.client_partitions]}
         budget = None if args.client_state_budget_mb is None else int(args.client_state_budget_mb * 2**20)
         spill_dir = args.client_state_dir or os.path.join(args.output_dir, "client_state")
-        if args.world_size > 1:  # each process spills the clients it owns
-            spill_dir = os.path.join(spill_dir, f"process-{args.process_index}")
+        if self.world.size > 1:  # each process spills the clients it owns
+            spill_dir = os.path.join(spill_dir, f"process-{self.world.rank}")
         self.client_store = ClientStateStore(budget, spill_dir)
         self.federated_history: List[dict] = []
 
@@ -166,7 +168,7 @@ class FederatedTrainer(Trainer):
         self._round_thetas = []  # (w_i, Theta_i) of this process's clients, for the spectral drift only
         downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
                                                            run.correction_state, run.sync_state))
-        for cid in tqdm(self._clients_of_this_process(sorted(clients)), desc=f"round {r + 1}/{args.num_rounds}",
+        for cid in tqdm(self.world.clients_of_this_process(sorted(clients)), desc=f"round {r + 1}/{args.num_rounds}",
                         leave=False, disable=args.disable_tqdm or not self.is_local_process_zero()):
             ctx = ClientContext(
                 client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
@@ -284,12 +286,6 @@ class FederatedTrainer(Trainer):
             return f"update norm {squared.sqrt():.3g} > max_update_norm {bound}"
         return None
 
-    def _clients_of_this_process(self, clients: List[int]) -> List[int]:
-        """A fixed client -> process map (client id modulo world size), so per-client state stays where its
-        client trains. Every random draw inside a client comes from its own (seed, round, client) stream, so the
-        result does not depend on the number of processes."""
-        return [c for c in clients if c % self.args.world_size == self.args.process_index]
-
     def _client_weight(self, cid: int) -> float:
         return float(len(self.client_partitions[cid])) if self.args.client_weighting == "num_samples" else 1.0
 
@@ -369,9 +365,9 @@ class FederatedTrainer(Trainer):
         """Every process's client states, on the main process (per-client state lives where its client trains)."""
         local = self.client_store.to_tensors()
         dist = torch.distributed
-        if self.args.world_size == 1 or not dist.is_initialized():
+        if self.world.size == 1:
             return local
-        parts = [None] * self.args.world_size
+        parts = [None] * self.world.size
         dist.all_gather_object(parts, local)  # between this run's own processes only
         return {k: v for part in parts for k, v in part.items()}
 
@@ -379,8 +375,7 @@ class FederatedTrainer(Trainer):
         groups, meta = load_checkpoint(path)
         check_fingerprint(path, meta, fingerprint(self.args, self.algorithm))
         run = RunState.from_checkpoint(groups, meta)
-        world, rank = self.args.world_size, self.args.process_index
-        self.client_store.load_tensors(groups.get("client_store", {}), keep=lambda cid: cid % world == rank)
+        self.client_store.load_tensors(groups.get("client_store", {}), keep=self.world.owns)
         self.federated_history = list(meta["history"])
         logger.info("resumed from %s after round %d", path, run.rounds_done)
         return run

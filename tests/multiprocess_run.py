@@ -1,6 +1,9 @@
 """A small federated run used by test_multiprocess.py, launched with 1 or 2 processes:
 
-    torchrun --standalone --nproc_per_node 2 tests/multiprocess_run.py ALGORITHM[:SERVER_RULE] OUT.safetensors
+    torchrun --standalone --nproc_per_node 2 tests/multiprocess_run.py ALGORITHM[:SERVER_RULE] OUT.safetensors [readme]
+
+``readme``: the config as the README writes it, without ``use_cpu=True`` (on a machine without a GPU,
+FederatedConfig must still see every process).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from fedhf.data.bundled import load_digits_images  # noqa: E402
 from tests.helpers import config, digit_trainer, tiny_resnet  # noqa: E402
 
 
-def main(spec: str, out: str) -> None:
+def main(spec: str, out: str, readme: bool = False) -> None:
     """spec: ALGORITHM or ALGORITHM:SERVER_RULE (e.g. fedavg:median)."""
     import pathlib
 
@@ -30,7 +33,7 @@ def main(spec: str, out: str) -> None:
     args = config(pathlib.Path(out).with_suffix(""), algorithm=algorithm, server_rule=server_rule or None,
                   num_clients=6,
                   clients_per_round=4, num_rounds=3, local_steps=3, dirichlet_alpha=0.5, partition_report=False,
-                  drift_spectral=True)
+                  drift_spectral=True, **({"use_cpu": False} if readme else {}))
     trainer = digit_trainer(model, digits, args, evaluate=False)
     trainer.train()
     if trainer.is_world_process_zero():
@@ -38,10 +41,11 @@ def main(spec: str, out: str) -> None:
         state.update({n: b.detach().contiguous() for n, b in model.named_buffers() if b.is_floating_point()})
         # The last round's drift metrics too: the spectral one takes a second all-reduce across processes.
         state.update({f"history.{k}": torch.tensor(v, dtype=torch.float64)
-                      for k, v in trainer.federated_history[-1].items() if k.startswith("precond_drift")})
+                      for k, v in trainer.federated_history[-1].items()
+                      if k.startswith("precond_drift") or k in ("participants", "uplink_MB")})
         save_file(state, out)
         print("world_size", args.world_size, "history", trainer.federated_history[-1])
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], readme=sys.argv[3:] == ["readme"])

@@ -37,15 +37,16 @@ def _launch(command, env):
     return done
 
 
-def _run(n_processes, algorithm, out, launcher="torchrun"):
+def _run(n_processes, algorithm, out, launcher="torchrun", readme=False):
+    script = [SCRIPT, algorithm, str(out)] + (["readme"] if readme else [])
     if n_processes == 1:
-        command = [sys.executable, SCRIPT, algorithm, str(out)]
+        command = [sys.executable, *script]
     elif launcher == "torchrun":
-        command = [TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), SCRIPT, algorithm, str(out)]
+        command = [TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), *script]
     else:  # the CPU command documented in the README (plain --cpu would start a single process)
         command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(n_processes), "--num_machines", "1",
                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-                   SCRIPT, algorithm, str(out)]
+                   *script]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = _launch(command, env)
     assert done.returncode == 0, (done.stdout[-1500:], done.stderr)
@@ -68,5 +69,22 @@ def test_two_processes_give_the_same_global_model_as_one(tmp_path, algorithm):
 def test_accelerate_launch_gives_the_same_global_model(tmp_path):
     one = _run(1, "scaffold", tmp_path / "one.safetensors")
     two = _run(2, "scaffold", tmp_path / "two.safetensors", launcher="accelerate")
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.skipif(TORCHRUN is None or ACCELERATE is None, reason="launchers not installed")
+@pytest.mark.parametrize("algorithm,launcher", [("scaffold", "torchrun"), ("fadam_gt", "torchrun"),
+                                                ("fedpm", "accelerate")])
+def test_readme_launch_commands_without_use_cpu_give_the_one_process_model(tmp_path, algorithm, launcher):
+    """The README's commands with the README's config (no `use_cpu`) on a machine without a GPU: every process
+    must be counted, or each trains every client and the sums double (SCAFFOLD's c, FAdamGT's y and FedPM's
+    mixing depend on the count, so the model would differ, not just the logs)."""
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU-only launch; with a GPU accelerate maps the processes itself")
+    one = _run(1, algorithm, tmp_path / "one.safetensors", readme=True)
+    two = _run(2, algorithm, tmp_path / "two.safetensors", launcher=launcher, readme=True)
+    assert float(two["history.participants"]) == float(one["history.participants"]) == 4.0  # clients_per_round
+    torch.testing.assert_close(two["history.uplink_MB"], one["history.uplink_MB"], rtol=1e-12, atol=0)
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
