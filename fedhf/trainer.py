@@ -31,6 +31,7 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from .aggregation import RoundSums, destroy_process_group_at_exit
+from .checkpointing import enable_activation_checkpointing
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
@@ -123,6 +124,7 @@ class FederatedTrainer(Trainer):
         if checkpoint is None:
             refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)
         self._train_data, self._collator = self._client_data_pipeline()
+        enable_activation_checkpointing(self.model, args)
         destroy_process_group_at_exit()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
