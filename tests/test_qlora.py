@@ -30,7 +30,7 @@ def base(tmp_path_factory, tokenizer):
 def pairs(tokenizer):
     from fedhf.data.bundled import load_tweets
 
-    return tokenized_pairs(sentiment_pairs(load_tweets(), 96, 32, max_chars=60), tokenizer)
+    return tokenized_pairs(sentiment_pairs(load_tweets(), 96, 16, max_chars=60), tokenizer)
 
 
 def quantisation(bits: int, compute_dtype=torch.float32) -> BitsAndBytesConfig:
@@ -61,8 +61,9 @@ def trainer(model, pairs, tokenizer, args, **kwargs) -> FederatedTrainer:
 
 
 def run_config(tmp_path, **overrides):
-    base = dict(num_clients=4, clients_per_round=3, num_rounds=2, local_steps=3, per_device_train_batch_size=4,
-                per_device_eval_batch_size=32, eval_every_rounds=1, eval_on_start=True, dirichlet_alpha=1.0)
+    base = dict(num_clients=4, clients_per_round=3, num_rounds=2, local_steps=2, per_device_train_batch_size=4,
+                per_device_eval_batch_size=16, eval_every_rounds=0, eval_on_start=True, dirichlet_alpha=1.0,
+                partition_report=False)
     return config(tmp_path, **{**base, **overrides})
 
 
@@ -91,8 +92,8 @@ def test_qlora_rounds_lower_eval_loss_and_send_only_the_adapter(base, pairs, tok
     run = trainer(model, pairs, tokenizer, run_config(tmp_path, algorithm=algorithm, learning_rate=lr))
     out = run.train()
 
-    losses = [h["eval_loss"] for h in run.federated_history]
-    assert len(losses) == 3 and losses[-1] < losses[0] - 0.2, losses
+    losses = [h["eval_loss"] for h in run.federated_history if "eval_loss" in h]
+    assert len(losses) == 2 and losses[-1] < losses[0] - 0.2, losses  # round 0 and the last
     rounds, participants = 2, 3
     assert out.metrics["uplink_MB"] * 2**20 == uplink_factor * sent * participants * rounds
     after = quantised_weights(model)
@@ -115,7 +116,7 @@ def test_saved_adapter_reloads_on_a_freshly_quantised_base(base, pairs, tokenize
         fresh = AutoModelForCausalLM.from_pretrained(base, quantization_config=quantisation(bits), device_map="cpu")
     reloaded = PeftModel.from_pretrained(fresh, str(saved))
     plain = Trainer(model=reloaded, args=TrainingArguments(str(tmp_path / "eval"), report_to="none", use_cpu=True,
-                                                           per_device_eval_batch_size=32),
+                                                           per_device_eval_batch_size=16),
                     eval_dataset=pairs["test"], data_collator=causal_lm_collator(tokenizer.pad_token_id))
     assert plain.evaluate()["eval_loss"] == pytest.approx(trained_loss, abs=1e-5)
 
@@ -131,7 +132,7 @@ class StopAfter(TrainerCallback):
 def test_a_quantised_run_resumes_to_the_same_adapter(base, pairs, tokenizer, tmp_path):
     def run(out, resume=None, stop=None):
         model = qlora(base, 4)
-        args = run_config(out, algorithm="fedmuon", num_rounds=3, eval_on_start=False, eval_every_rounds=0,
+        args = run_config(out, algorithm="fedmuon", num_rounds=3, local_steps=1, eval_on_start=False,
                           save_every_rounds=1)
         federated = trainer(model, pairs, tokenizer, args, callbacks=[StopAfter(stop)] if stop else None)
         federated.train(resume_from_checkpoint=resume)
