@@ -38,6 +38,7 @@ from .hub import FEDERATED_TAGS, federated_card_section
 from .metrics import plot_history, write_json_atomic
 from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
+from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
@@ -69,6 +70,7 @@ class FederatedTrainer(Trainer):
                 "The model has no trainable parameters (every requires_grad is False): apply a peft adapter "
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
+        check_quantised_layers(self.model)
         self.algorithm = args.build_algorithm()
         # Robust aggregators need each client's update, not just the sums (see fedhf.server.robust).
         self._server_gathers = bool(getattr(self.algorithm.server, "gathers", False))

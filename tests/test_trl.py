@@ -137,3 +137,31 @@ def test_fedhf_imports_without_trl_and_names_the_install_when_asked_for_it():
                          env={**os.environ, "PYTHONPATH": root})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "pip install trl" in out.stdout
+
+
+def test_qlora_through_the_trl_path(base, pairs, tokenizer, tmp_path):
+    """A 4-bit base under FederatedSFTTrainer: trl keeps the adapter in bf16 (QLoRA paper); fedhf keeps the global
+    adapter in fp32, federates only it, and leaves the quantised base untouched."""
+    from peft import prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(
+            base, quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
+            device_map="cpu")
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if p.dtype == torch.uint8}
+    sft = FederatedSFTTrainer(model=model, args=sft_config(tmp_path), train_dataset=pairs["train"],
+                              eval_dataset=pairs["test"], processing_class=tokenizer,
+                              peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    federated = {n: p for n, p in sft.model.named_parameters() if p.requires_grad}
+    assert federated and all("lora_" in n and p.dtype == torch.bfloat16 for n, p in federated.items())
+    sft.train()
+    losses = [h["eval_loss"] for h in sft.federated_history if "eval_loss" in h]
+    assert losses[-1] < losses[0] - 0.2, losses
+    numel = sum(p.numel() for p in federated.values())
+    assert sft.federated_history[-1]["uplink_MB"] * 2**20 == 4 * numel * 3 * 2  # fp32 deltas x 3 clients x 2 rounds
+    after = [p for p in sft.model.named_parameters() if p[1].dtype == torch.uint8]  # same modules, same order
+    assert len(after) == len(frozen) == 14
+    assert all(torch.equal(a, b) for a, (_, b) in zip(frozen.values(), after))
