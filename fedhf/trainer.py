@@ -40,6 +40,7 @@ from .metrics import plot_history, write_json_atomic
 from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
+from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
@@ -81,6 +82,7 @@ class FederatedTrainer(Trainer):
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
         self.world = process_world(args)  # the process map and the round's all-reduce count the same processes
+        check_quantised_layers(self.model)
         self.algorithm = args.build_algorithm()
         # Robust aggregators need each client's update, not just the sums (see fedhf.server.robust).
         self._server_gathers = bool(getattr(self.algorithm.server, "gathers", False))
