@@ -57,6 +57,10 @@ class FederatedConfig(TrainingArguments):
     max_update_norm: Optional[float] = field(
         default=None,
         metadata={"help": "Exclude a client whose update norm exceeds this (non-finite loss or update always is)."})
+    max_excluded_rounds: int = field(
+        default=3,
+        metadata={"help": "Stop with an error when every client is excluded in this many consecutive rounds "
+                          "(the model no longer changes; usually learning_rate too large); 0 = never stop."})
     client_state_budget_mb: Optional[float] = field(
         default=None,
         metadata={"help": "RAM for per-client state (SCAFFOLD c_i, ...); beyond it, least recently used clients "
@@ -150,6 +154,7 @@ class FederatedConfig(TrainingArguments):
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
             (self.weight_decay is None or self.weight_decay >= 0, "`weight_decay` must be >= 0"),
             (self.max_update_norm is None or self.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),
+            (self.max_excluded_rounds >= 0, "`max_excluded_rounds` must be >= 0 (0 = never stop)"),
             (self.client_state_budget_mb is None or self.client_state_budget_mb >= 0,
              "`client_state_budget_mb` must be >= 0 or unset"),
             (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),

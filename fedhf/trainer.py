@@ -34,8 +34,10 @@ from .aggregation import RoundSums, destroy_process_group_at_exit
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
+from .guards import ExclusionGuard
 from .hub import FEDERATED_TAGS, federated_card_section
 from .metrics import plot_history, write_json_atomic
+from .model_outputs import logits_of
 from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .schedule import round_learning_rate, sample_clients, stream_seed
@@ -133,9 +135,11 @@ class FederatedTrainer(Trainer):
         if args.eval_on_start and self.eval_dataset is not None and checkpoint is None:
             self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval)})
 
+        guard = ExclusionGuard(args.max_excluded_rounds)
         while run.rounds_done < args.num_rounds and not self.control.should_training_stop:
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
             entry = self._run_round(run, params, buffers)
+            guard.after_round(entry, self.algorithm.optimizer.lr, args.max_update_norm)
             self.state.global_step = run.rounds_done
             self.state.epoch = float(run.rounds_done)
             self.log(dict(entry))
@@ -262,7 +266,7 @@ class FederatedTrainer(Trainer):
             if before_forward is not None:
                 before_forward(step, batch)
             loss_sum += self.training_step(self.model, batch).double()
-            if args.max_grad_norm:
+            if args.max_grad_norm is not None and args.max_grad_norm > 0:  # Trainer's meaning: <= 0 = no clipping
                 torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
             correction.before_step(ctx)
             self.optimizer.step()
@@ -325,7 +329,7 @@ class FederatedTrainer(Trainer):
         def logits(batch):
             inputs = {k: v for k, v in self._prepare_inputs(batch).items() if k not in ("labels", "label")}
             with self.autocast_smart_context_manager():
-                return self.model(**inputs).logits
+                return logits_of(self.model(**inputs))
 
         return ModelAccess(self.model, loss, logits,
                            lambda: self._client_batches(ctx.client_id, ctx.round, stream=3, cycle=False))
