@@ -34,6 +34,8 @@ from .aggregation import RoundSums, destroy_process_group_at_exit
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
+from .data.checks import check_datasets, check_not_streaming
+from .best_model import BestRound
 from .guards import ExclusionGuard
 from .hub import FEDERATED_TAGS, federated_card_section
 from .metrics import plot_history, write_json_atomic
@@ -43,8 +45,10 @@ from .params import difference, federated_buffers, load_into, num_bytes, snapsho
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from .state.rotation import rotate_checkpoints
 from .state.run import RunState, check_fingerprint, fingerprint, refuse_to_overwrite, resolve_checkpoint
 from .sync import drift, spectral_drift
+from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log
 
 HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
@@ -63,6 +67,7 @@ class FederatedTrainer(Trainer):
                  client_partitions: Optional[Sequence[Sequence[int]]] = None, **trainer_kwargs) -> None:
         if not isinstance(args, FederatedConfig):
             raise TypeError(f"FederatedTrainer needs `args=FederatedConfig(...)`, got {type(args).__name__}.")
+        check_not_streaming(trainer_kwargs.get("train_dataset"), "train_dataset")  # Trainer's own error names max_steps
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if self.train_dataset is None:
             raise ValueError("FederatedTrainer needs a `train_dataset` to split over clients.")
@@ -71,6 +76,9 @@ class FederatedTrainer(Trainer):
                 "The model has no trainable parameters (every requires_grad is False): apply a peft adapter "
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
+        self._set_signature_columns_if_needed()
+        check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
+                       self._signature_columns)
         self.algorithm = args.build_algorithm()
         # Robust aggregators need each client's update, not just the sums (see fedhf.server.robust).
         self._server_gathers = bool(getattr(self.algorithm.server, "gathers", False))
@@ -131,6 +139,8 @@ class FederatedTrainer(Trainer):
                                   global_step=run.rounds_done)
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
+        expose_rounds_to_callbacks(args, self.eval_dataset is not None)
+        best = BestRound(args)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and self.eval_dataset is not None and checkpoint is None:
             self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval)})
@@ -142,16 +152,20 @@ class FederatedTrainer(Trainer):
             guard.after_round(entry, self.algorithm.optimizer.lr, args.max_update_norm)
             self.state.global_step = run.rounds_done
             self.state.epoch = float(run.rounds_done)
-            self.log(dict(entry))
-            last = run.rounds_done == args.num_rounds
-            if self.eval_dataset is not None and (last or (args.eval_every_rounds
-                                                           and run.rounds_done % args.eval_every_rounds == 0)):
+            if should_log(args, run.rounds_done):
+                self.log(dict(entry))
+            if should_evaluate(args, run.rounds_done, self.eval_dataset is not None):
                 entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
+                best.after_evaluate(self.state, entry, params, buffers)
             self._record(entry)
             if args.save_every_rounds and run.rounds_done % args.save_every_rounds == 0:
                 self._save_checkpoint(run)
+                rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_global_step)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
 
+        if best.load_at_end(self.state, params, buffers) is not None:
+            logger.info("loaded the best round's model (round %d, %s=%s)", self.state.best_global_step,
+                        best.metric, self.state.best_metric)
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         if self.is_world_process_zero():
             plot_history(self.federated_history, os.path.join(args.output_dir, "federated_history.png"))
