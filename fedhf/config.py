@@ -24,6 +24,7 @@ from transformers import TrainingArguments
 
 from .checks import check_batch_sizes, check_mixed_precision, check_output_dir, coerce_numeric_strings
 from .data import PARTITIONERS
+from .hub import check_hub_access
 from .trainer_settings import map_round_strategies, refuse_unsupported
 
 ROUND_SCHEDULES = ("cosine", "constant")
@@ -145,6 +146,7 @@ class FederatedConfig(TrainingArguments):
         super().__post_init__()
         check_batch_sizes(self)
         check_mixed_precision(self)
+        check_hub_access(self)  # before Trainer creates the Hub repository
         for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
                      "state_sync_kwargs"):
             setattr(self, name, _as_dict(getattr(self, name), name))

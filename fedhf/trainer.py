@@ -36,8 +36,9 @@ from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
 from .data.checks import check_datasets, check_not_streaming
 from .best_model import BestRound
+from .determinism import fix_thread_count
 from .guards import ExclusionGuard
-from .hub import FEDERATED_TAGS, federated_card_section
+from .hub import write_model_card
 from .metrics import plot_history, write_json_atomic
 from .model_outputs import logits_of
 from .optim import ModelAccess, export_theta
@@ -90,6 +91,7 @@ class FederatedTrainer(Trainer):
             self.client_partitions = self._check_partitions(client_partitions)
             self.partition_summary = {"num_clients": len(self.client_partitions),
                                       "sizes": [len(p) for p in self.client_partitions]}
+        self.partition_summary["torch_threads"] = fix_thread_count(args.full_determinism, args.world_size)
         budget = None if args.client_state_budget_mb is None else int(args.client_state_budget_mb * 2**20)
         spill_dir = args.client_state_dir or os.path.join(args.output_dir, "client_state")
         if args.world_size > 1:  # each process spills the clients it owns
@@ -349,15 +351,21 @@ class FederatedTrainer(Trainer):
                            lambda: self._client_batches(ctx.client_id, ctx.round, stream=3, cycle=False))
 
     # ------------------------------------------------------------------ outputs
-    def create_model_card(self, *args, tags=None, **kwargs) -> None:
-        """Trainer's card, tagged and with a section saying how the model was trained federatedly."""
-        tags = [tags] if isinstance(tags, str) else list(tags or [])
-        super().create_model_card(*args, tags=tags + [t for t in FEDERATED_TAGS if t not in tags], **kwargs)
-        path = os.path.join(self.args.output_dir, "README.md")
-        if self.is_world_process_zero() and os.path.exists(path):
-            with open(path, "a") as f:
-                f.write(federated_card_section(self.args, self.algorithm, self.partition_summary,
-                                               self.federated_history))
+    def create_model_card(self, *args, **kwargs) -> None:
+        """The federated model card (fedhf/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
+        if self.is_world_process_zero():
+            self._write_card(self.args.output_dir)
+
+    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
+        """Trainer's save_model, then the federated card beside the weights/adapter (replacing peft's card)."""
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():
+            self._write_card(output_dir or self.args.output_dir)
+
+    def _write_card(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        write_model_card(directory, self.args, self.algorithm, self.partition_summary, self.federated_history,
+                         self.model)
 
     def _record(self, entry: dict) -> None:
         self.federated_history.append(entry)
@@ -382,6 +390,7 @@ class FederatedTrainer(Trainer):
         self.model.save_pretrained(os.path.join(directory, "model"), safe_serialization=True)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(os.path.join(directory, "model"))
+        self._write_card(os.path.join(directory, "model"))
 
     def _gather_client_store(self) -> Dict[str, torch.Tensor]:
         """Every process's client states, on the main process (per-client state lives where its client trains)."""
