@@ -111,3 +111,35 @@ def check_hub_access(args) -> None:
         raise ValueError("`push_to_hub=True` but no Hugging Face token was found: set HF_TOKEN (or run `hf auth "
                          "login`, or pass `hub_token`), choose the repository with `hub_model_id`, or set "
                          "push_to_hub=False.")
+
+
+def upload_operations(folder: str, path_in_repo: str = "") -> list:
+    """One ``CommitOperationAdd`` per file under ``folder`` (sorted), under ``path_in_repo``. Pickle files
+    (training_args.bin and the like) are never published."""
+    from huggingface_hub import CommitOperationAdd
+
+    operations = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith((".bin", ".pt", ".pth", ".pkl")):
+                continue
+            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            operations.append(CommitOperationAdd(path_in_repo=f"{path_in_repo}/{relative}" if path_in_repo else relative,
+                                                 path_or_fileobj=os.path.join(root, name)))
+    return operations
+
+
+def push_round_checkpoint(args, repo_id: str, model_dir: str, round_index: int):
+    """A round checkpoint's model (weights/adapter + card) to the Hub through ``HfApi.create_commit``, as
+    ``hub_strategy`` says: 'end' pushes nothing here (push_to_hub() at the end does), 'every_save'/'checkpoint'
+    replace the repository's model with this round's, 'all_checkpoints' adds it under checkpoint-round-N/."""
+    from huggingface_hub import HfApi
+
+    strategy = str(getattr(args.hub_strategy, "value", args.hub_strategy))
+    if strategy == "end":
+        return None
+    prefix = f"checkpoint-round-{round_index}" if strategy == "all_checkpoints" else ""
+    return HfApi(token=args.hub_token).create_commit(
+        repo_id=repo_id, operations=upload_operations(model_dir, prefix), revision=args.hub_revision,
+        commit_message=f"fedhf: global model after round {round_index}")

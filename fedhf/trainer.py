@@ -38,7 +38,7 @@ from .data.checks import check_datasets, check_not_streaming
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
-from .hub import write_model_card
+from .hub import push_round_checkpoint, write_model_card
 from .metrics import plot_history, write_json_atomic
 from .model_outputs import logits_of
 from .optim import ModelAccess, export_theta
@@ -383,6 +383,8 @@ class FederatedTrainer(Trainer):
         directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
         save_checkpoint(directory, {**run.tensor_groups(), "client_store": clients}, meta,
                         write_extra=self._write_model)
+        if self.args.push_to_hub:  # hub_strategy, in rounds
+            push_round_checkpoint(self.args, self.hub_model_id, os.path.join(directory, "model"), run.rounds_done)
 
     def _write_model(self, directory: str) -> None:
         """The global model (a peft adapter or full weights) as safetensors, with its tokenizer/processor;

@@ -84,7 +84,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "hub_token": (HONOURED, "Trainer's push_to_hub(); never logged"),
     "hub_private_repo": (HONOURED, "Trainer's push_to_hub()"),
     "hub_model_id": (HONOURED, "Trainer's push_to_hub()"),
-    "hub_strategy": (HONOURED, "Trainer's push_to_hub()"),
+    "hub_strategy": (HONOURED, "with save_every_rounds: 'every_save'/'checkpoint' push each round checkpoint's "
+                               "model, 'all_checkpoints' under checkpoint-round-N/, 'end' only push_to_hub()"),
     "hub_always_push": (HONOURED, "Trainer's push_to_hub()"),
     "hub_revision": (HONOURED, "Trainer's push_to_hub()"),
     "load_best_model_at_end": (HONOURED, "the best evaluated round's global model is loaded after the last round"),

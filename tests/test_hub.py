@@ -71,3 +71,49 @@ def test_push_to_hub_without_a_token_names_hf_token(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no Hugging Face token.*HF_TOKEN.*hub_model_id.*push_to_hub=False"):
         FederatedConfig(output_dir=str(tmp_path / "run"), report_to="none", push_to_hub=True, hub_model_id="me/m")
     assert not (tmp_path / "run").exists()
+
+
+class _FakeHub:
+    """Stands in for the Hub: records what HfApi.create_repo / create_commit were asked to do."""
+
+    def __init__(self):
+        self.repos, self.commits = [], []
+
+    def install(self, monkeypatch):
+        hub = self
+
+        def create_repo(api, repo_id, **kwargs):
+            hub.repos.append(repo_id)
+            return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+        def create_commit(api, repo_id, operations, commit_message, **kwargs):
+            hub.commits.append((repo_id, commit_message, sorted(op.path_in_repo for op in operations)))
+
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_not_a_real_token")
+        monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+        monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", create_commit)
+        return hub
+
+
+@pytest.mark.parametrize("strategy, prefix", [("every_save", ""), ("all_checkpoints", "checkpoint-round-{r}/")])
+def test_round_checkpoints_are_pushed_as_hub_strategy_says(digits, tmp_path, monkeypatch, strategy, prefix):
+    hub = _FakeHub().install(monkeypatch)
+    args = config(tmp_path, num_rounds=2, local_steps=1, save_every_rounds=1, push_to_hub=True,
+                  hub_model_id="me/fed-digits", hub_strategy=strategy)
+    digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
+    assert hub.repos == ["me/fed-digits"]
+    assert [(repo, message) for repo, message, _ in hub.commits] == [
+        ("me/fed-digits", "fedhf: global model after round 1"), ("me/fed-digits", "fedhf: global model after round 2")]
+    for r, (_, _, files) in enumerate(hub.commits, 1):
+        p = prefix.format(r=r)
+        assert files == sorted([f"{p}README.md", f"{p}config.json", f"{p}model.safetensors"])
+
+
+def test_hub_strategy_end_pushes_no_round_checkpoint(digits, tmp_path, monkeypatch):
+    hub = _FakeHub().install(monkeypatch)
+    args = config(tmp_path, num_rounds=1, local_steps=1, save_every_rounds=1, push_to_hub=True,
+                  hub_model_id="me/fed-digits", hub_strategy="end")
+    digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
+    assert hub.commits == []
