@@ -96,7 +96,8 @@ def tokenize_sft(dataset: datasets.Dataset, tokenizer, max_length: Optional[int]
     """``input_ids``/``attention_mask``/``labels`` (-100 outside completion / assistant tokens), other columns kept.
 
     Args:
-        max_length: truncate each example (right side) to this many tokens; with ``packing``, the block length.
+        max_length: truncate each example to this many tokens (prompt/completion pairs from the left, so the
+            completion is kept; chats and text from the right); with ``packing``, the block length.
         packing: concatenate examples and cut ``max_length`` blocks. Blocks mix examples, so other columns cannot
             be kept, except ``group_column``: packing then runs within each of its values, which keeps the column
             (one value per block) for a label-skewed split.
@@ -118,8 +119,11 @@ def tokenize_sft(dataset: datasets.Dataset, tokenizer, max_length: Optional[int]
             out = _prompt_completion(tokenizer, row["prompt"], row["completion"], add_eos)
         else:
             out = _text(tokenizer, row["text"], add_eos)
-        if max_length and not packing:
-            out = {k: v[:max_length] for k, v in out.items()}
+        if max_length and not packing and len(out["input_ids"]) > max_length:
+            # A prompt/completion pair loses the prompt's start, so the completion (what is learned) survives;
+            # chats and text lose their end, as Trainer users expect.
+            cut = slice(-max_length, None) if fmt == "prompt_completion" else slice(max_length)
+            out = {k: v[cut] for k, v in out.items()}
         out["attention_mask"] = [1] * len(out["input_ids"])
         return out
 

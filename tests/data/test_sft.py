@@ -103,3 +103,11 @@ def test_errors_name_the_missing_piece(tokenizer):
         tokenize_sft(datasets.Dataset.from_dict({"text": ["a"]}), tokenizer, packing=True)
     with pytest.raises(ValueError, match="needs `labels`"):
         SFTCollator(tokenizer)([{"input_ids": [1], "attention_mask": [1]}])
+
+
+def test_long_prompt_is_cut_from_the_left_so_the_completion_survives(tokenizer):
+    prompt = "Tweet: " + "long " * 40 + "\nSentiment:"
+    row = tokenize_sft(datasets.Dataset.from_dict({"prompt": [prompt], "completion": [" neutral"]}), tokenizer,
+                       max_length=8)[0]
+    assert row["input_ids"] == (ids(tokenizer, prompt) + ids(tokenizer, " neutral"))[-8:]
+    assert row["labels"] == [IGNORE_INDEX] * 7 + ids(tokenizer, " neutral")
