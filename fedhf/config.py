@@ -160,7 +160,8 @@ class FederatedConfig(TrainingArguments):
              "`client_state_budget_mb` must be >= 0 or unset"),
             (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
             (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
-            (self.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
+            (self.gradient_accumulation_steps == 1,
+             "`gradient_accumulation_steps` is not supported; raise `per_device_train_batch_size` or `local_steps`"),
         ]
         for ok, message in checks:
             if not ok:

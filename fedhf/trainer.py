@@ -30,7 +30,6 @@ from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
-from .accumulation import micro_batch_weights
 from .aggregation import RoundSums, destroy_process_group_at_exit
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
@@ -261,12 +260,10 @@ class FederatedTrainer(Trainer):
         batches = self._client_batches(ctx.client_id, ctx.round)
         loss_sum = torch.zeros((), dtype=torch.float64)
         for step in range(args.local_steps):
-            # One local step = one optimizer step over G micro-batches of the client's stream (fedhf/accumulation.py);
-            # curvature refreshes (on the first micro-batch), clipping and corrections act once per step.
-            micro = [next(batches) for _ in range(args.gradient_accumulation_steps)]
+            batch = next(batches)
             if before_forward is not None:
-                before_forward(step, micro[0])
-            loss_sum += self._accumulated_step_loss(micro)
+                before_forward(step, batch)
+            loss_sum += self.training_step(self.model, batch).double()
             if args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
             correction.before_step(ctx)
@@ -277,24 +274,6 @@ class FederatedTrainer(Trainer):
             optimizer.end_round()
         self.optimizer = None
         return loss_sum
-
-    def _accumulated_step_loss(self, micro: List[dict]) -> torch.Tensor:
-        """Forward/backward over the micro-batches, weighted so the gradient is the union's mean loss's; returns
-        that mean. Trainer's training_step divides each loss by ``current_gradient_accumulation_steps``: set to
-        ``N / n_i`` it applies the weight ``n_i / N``."""
-        if len(micro) == 1:
-            return self.training_step(self.model, micro[0]).double()
-        if self.compute_loss_func is not None:  # Trainer's contract: the function normalises by num_items_in_batch
-            n = self._get_num_items_in_batch(micro, self.args.device)
-            return sum(self.training_step(self.model, b, num_items_in_batch=n).double() for b in micro)
-        total = torch.zeros((), dtype=torch.float64)
-        for batch, weight in zip(micro, micro_batch_weights(micro, self._loss_shifts_labels)):
-            if weight == 0:  # no labelled item: nothing to add to the union's mean (its own mean would be NaN)
-                continue
-            self.current_gradient_accumulation_steps = 1.0 / weight
-            total += self.training_step(self.model, batch).double()
-        self.current_gradient_accumulation_steps = 1
-        return total
 
     def _faulty(self, loss_sum: torch.Tensor, delta: Dict[str, torch.Tensor]) -> Optional[str]:
         if not torch.isfinite(loss_sum):

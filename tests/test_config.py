@@ -29,7 +29,7 @@ def _config(tmp_path, **kw):
     ({"algorithm_kwargs": "{not json"}, "algorithm_kwargs.*JSON"),
     ({"correction_kwargs": {"mu": 0.1}}, "correction_kwargs.*without `correction`"),
     ({"correction": "global_mix", "correction_kwargs": {"beta": 1.0}}, "beta"),
-    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be >= 1"),
+    ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps"),
     ({"min_partition_size": 0}, "min_partition_size"),
     ({"state_sync": "gossip"}, "Unknown state sync 'gossip' in `state_sync`.*average_warmstart"),
     ({"state_sync_kwargs": {"fraction": 0.1}}, "state_sync_kwargs.*without `state_sync`"),
