@@ -5,6 +5,8 @@
 Differences from TrainingArguments, on purpose:
 * ``learning_rate`` and ``weight_decay`` default to ``None``: the algorithm's paper defaults apply unless set
   (SGD-based federated algorithms want lr 0.1, not Trainer's 5e-5).
+* ``gradient_accumulation_steps`` G: one local step is one optimizer step over G micro-batches of
+  ``per_device_train_batch_size`` rows (see ``FederatedTrainer._local_steps`` for the mean it matches).
 * The learning rate follows ``round_lr_schedule`` over rounds (cosine by default, constant within a round, as
   in the papers); ``lr_scheduler_type``, ``max_steps`` and ``num_train_epochs`` are not used by the round loop.
 * ``logging_steps``/``eval_strategy``/``save_steps`` are replaced by ``eval_every_rounds``/``save_every_rounds``:
@@ -160,8 +162,10 @@ class FederatedConfig(TrainingArguments):
              "`client_state_budget_mb` must be >= 0 or unset"),
             (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
             (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
-            (self.gradient_accumulation_steps == 1,
-             "`gradient_accumulation_steps` is not supported; raise `per_device_train_batch_size` or `local_steps`"),
+            (self.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
+            (not self.average_tokens_across_devices,
+             "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
+             "clients (local steps never all-reduce); leave it False"),
         ]
         for ok, message in checks:
             if not ok:

@@ -31,6 +31,7 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from .aggregation import RoundSums, destroy_process_group_at_exit
+from .checkpointing import enable_activation_checkpointing
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
@@ -39,6 +40,7 @@ from .metrics import plot_history, write_json_atomic
 from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
+from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
@@ -46,7 +48,16 @@ from .state.run import RunState, check_fingerprint, fingerprint, refuse_to_overw
 from .sync import drift, spectral_drift
 
 HISTORY_FILE = "federated_history.json"
-logger = logging.get_logger(__name__)
+
+
+def loss_items(batch: dict, shifted: bool) -> int:
+    """What a batch's mean loss is over: its label tokens != -100 (after a causal LM's shift) when labels are per
+    token, else its rows."""
+    labels = batch.get("labels")
+    if torch.is_tensor(labels) and labels.ndim >= 2:
+        return int(labels[..., 1:].ne(-100).sum() if shifted else labels.ne(-100).sum())
+    tensor = labels if torch.is_tensor(labels) else next(v for v in batch.values() if torch.is_tensor(v))
+    return int(tensor.shape[0])
 
 
 class FederatedTrainer(Trainer):
@@ -71,6 +82,7 @@ class FederatedTrainer(Trainer):
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
         self.world = process_world(args)  # the process map and the round's all-reduce count the same processes
+        check_quantised_layers(self.model)
         self.algorithm = args.build_algorithm()
         # Robust aggregators need each client's update, not just the sums (see fedhf.server.robust).
         self._server_gathers = bool(getattr(self.algorithm.server, "gathers", False))
@@ -114,6 +126,7 @@ class FederatedTrainer(Trainer):
         if checkpoint is None:
             refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)
         self._train_data, self._collator = self._client_data_pipeline()
+        enable_activation_checkpointing(self.model, args)
         destroy_process_group_at_exit()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
@@ -253,17 +266,19 @@ class FederatedTrainer(Trainer):
         ctx.sums.add("loss", loss_sum / self.args.local_steps, scale=ctx.weight)
 
     def _local_steps(self, ctx: ClientContext, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-        """The local loop; returns the summed loss."""
+        """The local loop; returns the summed loss. A local step is one optimizer step over
+        ``gradient_accumulation_steps`` micro-batches (see :meth:`_accumulate`); curvature refreshes (on the first
+        micro-batch), clipping and corrections act once per step."""
         args, correction = self.args, self.algorithm.correction
         self.optimizer = optimizer
         before_forward = getattr(optimizer, "before_forward", None)
         batches = self._client_batches(ctx.client_id, ctx.round)
         loss_sum = torch.zeros((), dtype=torch.float64)
         for step in range(args.local_steps):
-            batch = next(batches)
+            micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
             if before_forward is not None:
-                before_forward(step, batch)
-            loss_sum += self.training_step(self.model, batch).double()
+                before_forward(step, micro_batches[0])
+            loss_sum += self._accumulate(micro_batches)
             if args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
             correction.before_step(ctx)
@@ -274,6 +289,33 @@ class FederatedTrainer(Trainer):
             optimizer.end_round()
         self.optimizer = None
         return loss_sum
+
+    def _accumulate(self, micro_batches: List[dict]) -> torch.Tensor:
+        """Gradients of one optimizer step over G micro-batches, equal to those of one backward over their union;
+        returns the union's loss.
+
+        Which mean: the model's own loss is a mean over its micro-batch; each micro-batch is weighted by its share
+        of the union's items, so the step sees the union's mean. Items are label tokens != -100 when labels are
+        per token (causal LMs: the per-token mean of the union, counted after the shift a causal-LM loss makes;
+        token classifiers likewise without the shift) and rows otherwise (sequence/image classifiers: the per-row
+        mean). The weight goes through the divisor Trainer's ``training_step`` applies (a plain 1/G would
+        overweight a short micro-batch). With G = 1 nothing changes.
+        """
+        if len(micro_batches) == 1:
+            return self.training_step(self.model, micro_batches[0]).double()
+        if self.compute_loss_func is not None or self.loss_is_scaled_for_ga:
+            raise ValueError("gradient_accumulation_steps > 1 needs the model's own mean loss; a `compute_loss_func` "
+                             "(or a loss already scaled for accumulation) cannot be weighted per micro-batch. Use "
+                             "gradient_accumulation_steps=1 and a larger per_device_train_batch_size.")
+        items = [loss_items(batch, self._loss_shifts_labels) for batch in micro_batches]
+        loss = torch.zeros((), dtype=torch.float64)
+        for batch, n in zip(micro_batches, items):
+            if n == 0:  # nothing to learn from (all labels masked): its mean would be NaN
+                continue
+            self.current_gradient_accumulation_steps = sum(items) / n
+            loss += self.training_step(self.model, batch).double()
+        self.current_gradient_accumulation_steps = 1
+        return loss
 
     def _faulty(self, loss_sum: torch.Tensor, delta: Dict[str, torch.Tensor]) -> Optional[str]:
         if not torch.isfinite(loss_sum):
