@@ -8,7 +8,8 @@ Differences from TrainingArguments, on purpose:
 * ``gradient_accumulation_steps`` G: one local step is one optimizer step over G micro-batches of
   ``per_device_train_batch_size`` rows (see ``FederatedTrainer._local_steps`` for the mean it matches).
 * The learning rate follows ``round_lr_schedule`` over rounds (cosine by default, constant within a round, as
-  in the papers); ``lr_scheduler_type``, ``max_steps`` and ``num_train_epochs`` are not used by the round loop.
+  in the papers); ``max_steps`` and ``num_train_epochs`` are not used by the round loop, and a non-default
+  ``lr_scheduler_type`` or ``optim`` is refused (name ``round_lr_schedule`` / ``local_optimizer`` instead).
 * ``logging_steps``/``eval_strategy``/``save_steps`` are replaced by ``eval_every_rounds``/``save_every_rounds``:
   one "step" of the trainer state is one round, every round is logged, and whenever an ``eval_dataset`` is
   given the global model is evaluated every ``eval_every_rounds`` rounds and after the last (``eval_on_start``
@@ -28,6 +29,8 @@ from .processes import cpu_only_launch
 
 ROUND_SCHEDULES = ("cosine", "constant")
 CLIENT_WEIGHTINGS = ("uniform", "num_samples")
+# TrainingArguments' own defaults for the fields refused when changed (they are enums after its __post_init__).
+_TRAINER_DEFAULTS = {name: TrainingArguments.__dataclass_fields__[name].default for name in ("optim", "lr_scheduler_type")}
 
 
 def _as_dict(value: Union[str, Dict[str, Any], None], name: str) -> Dict[str, Any]:
@@ -167,6 +170,26 @@ class FederatedConfig(TrainingArguments):
              "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
              "clients (local steps never all-reduce); leave it False"),
         ]
+        # ---- LLM Trainer settings the round loop does not apply (issue 11): refused with the fix named. Honoured
+        # instead: gradient_checkpointing (fedhf/checkpointing.py), neftune_noise_alpha (FederatedTrainer.train),
+        # label_smoothing_factor (Trainer.compute_loss, which every local step calls).
+        checks += [
+            (not self.torch_compile, "`torch_compile=True` is not applied: Trainer compiles the model in its own "
+             "training loop, which FederatedTrainer replaces; set torch_compile=False"),
+            # transformers 5 replaced `group_by_length` with train_sampling_strategy="group_by_length".
+            (self.train_sampling_strategy == "random", f"`train_sampling_strategy`={self.train_sampling_strategy!r} "
+             "(e.g. group_by_length) is not applied: each client's batches come from its own seeded shuffle; leave "
+             "it 'random' (SFTCollator pads each batch only to its longest row, tokenize_sft(packing=True) removes "
+             "padding)"),
+            (self.optim == _TRAINER_DEFAULTS["optim"], f"`optim`={str(self.optim.value)!r} is not used: the local "
+             "optimizer is the algorithm's; set `local_optimizer` (e.g. local_optimizer='adamw') and leave `optim` "
+             "at its default"),
+            (self.lr_scheduler_type == _TRAINER_DEFAULTS["lr_scheduler_type"],
+             f"`lr_scheduler_type`={str(self.lr_scheduler_type.value)!r} is not used: the learning rate follows "
+             "`round_lr_schedule` over rounds (constant within a round); set round_lr_schedule (cosine, constant, "
+             "...) and leave lr_scheduler_type at 'linear'"),
+        ]
+        # ---- end of the LLM settings block
         for ok, message in checks:
             if not ok:
                 raise ValueError(message + ".")
