@@ -8,7 +8,8 @@ Differences from TrainingArguments, on purpose:
 * ``gradient_accumulation_steps`` G: one local step is one optimizer step over G micro-batches of
   ``per_device_train_batch_size`` rows (see ``FederatedTrainer._local_steps`` for the mean it matches).
 * The learning rate follows ``round_lr_schedule`` over rounds (cosine by default, constant within a round, as
-  in the papers); ``max_steps``, ``num_train_epochs`` and ``warmup_steps`` are refused (set num_rounds/local_steps).
+  in the papers); ``max_steps``, ``num_train_epochs`` and ``warmup_steps`` are refused (set num_rounds/local_steps),
+  as are ``lr_scheduler_type`` and ``optim`` (set ``round_lr_schedule`` / ``local_optimizer``).
 * One "step" of the trainer state is one round: ``eval_strategy="steps"``/``eval_steps`` set ``eval_every_rounds``,
   ``save_strategy="steps"``/``save_steps`` set ``save_every_rounds``, ``logging_steps`` (default 1) counts rounds.
   Whenever an ``eval_dataset`` is given the global model is evaluated every ``eval_every_rounds`` rounds and after

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 from transformers import Trainer
+from transformers.integrations.neftune import activate_neftune, deactivate_neftune
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
@@ -140,6 +141,8 @@ class FederatedTrainer(Trainer):
             refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)
         self._train_data, self._collator = self._client_data_pipeline()
         enable_activation_checkpointing(self.model, args)
+        # NEFTune (Jain et al. 2023, arXiv:2310.05914): Trainer attaches its embedding-noise hook in its own loop.
+        neftune = activate_neftune(self.model, args.neftune_noise_alpha) if args.neftune_noise_alpha else None
         destroy_process_group_at_exit()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
@@ -185,6 +188,8 @@ class FederatedTrainer(Trainer):
             logger.info("loaded the best round's model (round %d, %s=%s)", self.state.best_global_step,
                         best.metric, self.state.best_metric)
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        if neftune is not None:
+            deactivate_neftune(self.model, neftune)
         if self.is_world_process_zero():
             plot_history(self.federated_history, os.path.join(args.output_dir, "federated_history.png"))
         finite = [x for x in run.losses if np.isfinite(x)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-HONOURED, REFUSED, NO_EFFECT, LLM = "honoured", "refused", "no effect", "issue 11 (llm)"
+HONOURED, REFUSED, NO_EFFECT = "honoured", "refused", "no effect"
 
 _TRAINER_OWN = "Trainer's own (evaluate(), callbacks, logging), unchanged"
 _SPEED = "speed only: same results"
@@ -135,9 +135,15 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "activation_checkpointing_kwargs": (HONOURED, "passed on as Trainer does (every_n_layers, offload, ...)"),
     "gradient_checkpointing": (HONOURED, "deprecated alias of activation_checkpointing"),
     "gradient_checkpointing_kwargs": (HONOURED, "deprecated alias of activation_checkpointing_kwargs"),
-    "lr_scheduler_type": (LLM, ""), "optim": (LLM, ""),
-    "label_smoothing_factor": (LLM, ""), "torch_compile": (LLM, ""), "torch_compile_backend": (LLM, ""),
-    "torch_compile_mode": (LLM, ""), "neftune_noise_alpha": (LLM, ""),
+    "lr_scheduler_type": (REFUSED, "the learning rate follows `round_lr_schedule` over rounds (constant within a "
+                                   "round); set round_lr_schedule"),
+    "optim": (REFUSED, "the local optimizer is the algorithm's; set `local_optimizer` (e.g. 'adamw')"),
+    "label_smoothing_factor": (HONOURED, "the local loss (Trainer's compute_loss, called by every local step)"),
+    "neftune_noise_alpha": (HONOURED, "noise on the input embeddings during local steps, removed after training"),
+    "torch_compile": (REFUSED, "Trainer compiles the model in its own loop, which the round loop replaces; set "
+                               "torch_compile=False"),
+    "torch_compile_backend": (REFUSED, "torch_compile is not applied; leave it unset"),
+    "torch_compile_mode": (REFUSED, "torch_compile is not applied; leave it unset"),
 }
 
 # Refused fields whose TrainingArguments default is what the round loop does; any other value is refused.

@@ -56,6 +56,23 @@ def frozen_state(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
 
 
+def tiny_llama_lora(vocab_size: int, seed: int = 0):
+    from fedhf.data.bundled import tiny_llama
+
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                      task_type=TaskType.CAUSAL_LM)
+    return get_peft_model(tiny_llama(vocab_size, seed=seed), lora)
+
+
+def tweet_sft(tokenizer, n_train: int = 200, n_test: int = 50, max_length: int = 48):
+    """Real tweets as tokenised prompt/completion pairs (label column kept)."""
+    from fedhf.data.bundled import load_tweet_instructions, subsample
+    from fedhf.data.sft import tokenize_sft
+
+    splits = load_tweet_instructions()
+    return {"train": tokenize_sft(subsample(splits["train"], n_train), tokenizer, max_length=max_length),
+            "test": tokenize_sft(subsample(splits["test"], n_test), tokenizer, max_length=max_length)}
+
 # ---------------------------------------------------------------------------------------------- causal LM (QLoRA, TRL)
 SENTIMENT_PROMPT = "Tweet: {text}\nSentiment:"
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import EarlyStoppingCallback, TrainerCallback, TrainingArguments
 
-from fedhf.trainer_settings import HONOURED, LLM, NO_EFFECT, REFUSED, SETTINGS
+from fedhf.trainer_settings import HONOURED, NO_EFFECT, REFUSED, SETTINGS
 
 from .helpers import config, digit_trainer, tiny_resnet, trainable_state
 
@@ -24,15 +24,14 @@ def test_every_training_arguments_field_is_in_the_table():
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert sorted(names - set(SETTINGS)) == []  # a new transformers field must be decided
     assert sorted(set(SETTINGS) - names) == []
-    assert all(status in (HONOURED, REFUSED, NO_EFFECT, LLM) for status, _ in SETTINGS.values())
-    assert all(text for status, text in SETTINGS.values() if status != LLM)
+    assert all(status in (HONOURED, REFUSED, NO_EFFECT) for status, _ in SETTINGS.values())
+    assert all(text for _, text in SETTINGS.values())
 
 
 def test_readme_table_lists_every_decided_field():
     text = README.read_text()
     for name, (status, meaning) in SETTINGS.items():
-        if status != LLM:
-            assert f"| `{name}` | {status} | {meaning} |" in text, name
+        assert f"| `{name}` | {status} | {meaning} |" in text, name
 
 
 BAD_VALUES = {
@@ -43,6 +42,8 @@ BAD_VALUES = {
     "save_only_model": True, "enable_jit_checkpoint": True, "restore_callback_states_from_checkpoint": True,
     "data_seed": 3, "parallelism_config": {"tp_size": 2}, "train_sampling_strategy": "sequential",
     "fsdp": "full_shard", "fsdp_config": {"min_num_params": 1}, "deepspeed": "ds.json",
+    "lr_scheduler_type": "cosine", "optim": "adafactor", "torch_compile": True, "torch_compile_backend": "inductor",
+    "torch_compile_mode": "max-autotune",
 }
 
 

@@ -86,3 +86,29 @@ def load_digits_images(test_size: float = 0.2, seed: int = 0, size: int = 8) -> 
     })
     ds = datasets.Dataset.from_dict({"pixel_values": pixels, "label": digits.target.tolist()}, features=features)
     return ds.train_test_split(test_size=test_size, seed=seed, stratify_by_column="label")
+
+
+TWEET_PROMPT = "Tweet: {}\nSentiment:"
+
+
+def load_tweet_instructions(test_size: float = 0.1, seed: int = 0) -> datasets.DatasetDict:
+    """The tweets as instruction pairs: ``prompt`` "Tweet: ...\\nSentiment:" -> ``completion`` " positive" /
+    " neutral" / " negative", with the ``label`` column kept for a label-skewed (Dirichlet) split."""
+    splits = load_tweets(test_size, seed)
+    return splits.map(lambda b: {"prompt": [TWEET_PROMPT.format(t) for t in b["text"]],
+                                 "completion": [" " + TWEET_LABELS[y] for y in b["label"]]},
+                      batched=True, remove_columns=["text"])
+
+
+def tiny_llama(vocab_size: int, hidden_size: int = 64, num_layers: int = 2, seed: int = 0, **config_overrides):
+    """A small randomly initialised ``LlamaForCausalLM`` (about 2.1 M parameters at MiniLM's 30,522-token
+    vocabulary, most in the embeddings), the offline stand-in for a pretrained causal LM. Dropout is 0 (Llama's)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0,
+                         bos_token_id=None, eos_token_id=None, **config_overrides)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)

@@ -30,7 +30,14 @@ def label_columns(dataset: datasets.Dataset, label_names: Optional[Iterable[str]
 
 
 def _num_labels(model) -> Optional[int]:
-    """The classification head's size, for models with a transformers config (peft models forward it)."""
+    """The classification head's size, for transformers classifiers (peft models forward it). Other models (a
+    causal LM's config also says num_labels=2) have no head a class column must fit: a 'label' column there is
+    e.g. the category an SFT dataset is split by."""
+    from peft import PeftModel
+
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not type(base).__name__.endswith("Classification"):
+        return None
     config = getattr(model, "config", None)  # plain torch modules have none: nothing to check against
     if not isinstance(config, PretrainedConfig) or config.problem_type in ("regression", "multi_label_classification"):
         return None
