@@ -30,7 +30,8 @@ from .processes import cpu_only_launch
 ROUND_SCHEDULES = ("cosine", "constant")
 CLIENT_WEIGHTINGS = ("uniform", "num_samples")
 # TrainingArguments' own defaults for the fields refused when changed (they are enums after its __post_init__).
-_TRAINER_DEFAULTS = {name: TrainingArguments.__dataclass_fields__[name].default for name in ("optim", "lr_scheduler_type")}
+_TRAINER_DEFAULTS = {name: TrainingArguments.__dataclass_fields__[name].default
+                     for name in ("optim", "lr_scheduler_type")}
 
 
 def _as_dict(value: Union[str, Dict[str, Any], None], name: str) -> Dict[str, Any]:
