@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 RUN_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME=$(CURDIR)/.cache/hf \
            TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore::FutureWarning
 
-.PHONY: demo test install benchmarks benchmark-algorithms benchmark-llm clean
+.PHONY: demo demo-llm test install benchmarks benchmark-algorithms benchmark-llm clean
 
 install: $(STAMP)
 
@@ -22,6 +22,12 @@ $(STAMP): setup.cfg pyproject.toml
 
 demo: $(STAMP)
 	$(RUN_ENV) $(PY) examples/quickstart_tweets.py --output_dir outputs/quickstart
+
+# Offline federated SFT of a tiny Llama on the bundled tweets as instructions (examples/sft_llm.py).
+DEMO_LLM_FLAGS ?= --lora_r 0 --learning_rate 1e-3 --num_rounds 20 --local_steps 5 --num_clients 8 --clients_per_round 2 --per_device_train_batch_size 8 --gradient_accumulation_steps 1 --train_rows 2000 --max_length 40 --eval_rows 100 --generation_rows 100 --eval_every_rounds 5 --disable_tqdm true
+demo-llm: $(STAMP)
+	$(RUN_ENV) $(PY) examples/sft_llm.py --model_name_or_path bundled-tiny-llama --dataset bundled-tweets-instructions \
+		$(DEMO_LLM_FLAGS) --output_dir outputs/sft_llm --overwrite_output_dir
 
 test: $(STAMP)
 	$(RUN_ENV) $(PY) -m pytest -q -x tests

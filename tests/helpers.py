@@ -73,6 +73,7 @@ def tweet_sft(tokenizer, n_train: int = 200, n_test: int = 50, max_length: int =
     return {"train": tokenize_sft(subsample(splits["train"], n_train), tokenizer, max_length=max_length),
             "test": tokenize_sft(subsample(splits["test"], n_test), tokenizer, max_length=max_length)}
 
+
 # ---------------------------------------------------------------------------------------------- causal LM (QLoRA, TRL)
 SENTIMENT_PROMPT = "Tweet: {text}\nSentiment:"
 

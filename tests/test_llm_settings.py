@@ -19,7 +19,8 @@ def sft(tokenizer):
 
 def run(tokenizer, sft, tmp_path, **overrides):
     model = tiny_llama_lora(len(tokenizer))
-    trainer = FederatedTrainer(model=model, args=config(tmp_path, **{**COMMON, **overrides}), train_dataset=sft["train"],
+    args = config(tmp_path, **{**COMMON, **overrides})
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=sft["train"],
                                data_collator=SFTCollator(tokenizer))
     trainer.train()
     return trainer, model

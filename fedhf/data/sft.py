@@ -175,7 +175,8 @@ class SFTCollator:
     def __call__(self, rows: List[dict]) -> Dict[str, torch.Tensor]:
         for column in TOKEN_COLUMNS:
             if column not in rows[0]:
-                raise ValueError(f"SFTCollator needs `{column}` in every row: tokenise with fedhf.data.sft.tokenize_sft.")
+                raise ValueError(f"SFTCollator needs `{column}` in every row: tokenise with "
+                                 "fedhf.data.sft.tokenize_sft.")
         length = max(len(r["input_ids"]) for r in rows)
         if self.pad_to_multiple_of:
             length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
