@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Union
 
+import torch
 from transformers import TrainingArguments
 
 from .data import PARTITIONERS
@@ -131,6 +132,10 @@ class FederatedConfig(TrainingArguments):
             # Without use_cpu, accelerate reports one process under torchrun/accelerate launch on a machine with
             # no GPU while torch.distributed holds them all: every process would train every client
             # (fedhf/processes.py). On such a machine CPU is the only device anyway.
+            self.use_cpu = True
+        if (self.bf16 or self.bf16_full_eval) and not self.use_cpu and not torch.accelerator.is_available():
+            # CPU is the only device, and bf16 autocast runs there, but transformers refuses bf16 without use_cpu:
+            # a recipe with `bf16: true` would not load on a CPU-only machine (issue 12).
             self.use_cpu = True
         super().__post_init__()
         for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
