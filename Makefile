@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(RUN_ENV) $(PY) examples/quickstart_tweets.py --output_dir outputs/quickstart
+	$(RUN_ENV) $(PY) -m fedhf train --config recipes/tweets_minilm_lora_scaffold_dir0.3_n12.yaml --output_dir outputs/quickstart
 
 test: $(STAMP)
 	$(RUN_ENV) $(PY) -m pytest -q -x tests
