@@ -145,7 +145,8 @@ def load_recipe(path: str) -> Recipe:
 def _check_model_source(name: str) -> None:
     if name.startswith("bundled-"):
         if name not in BUNDLED_MODELS:
-            raise ValueError(f"Unknown bundled model {name!r} in `model.name_or_path`; bundled: {sorted(BUNDLED_MODELS)}.")
+            raise ValueError(f"Unknown bundled model {name!r} in `model.name_or_path`; bundled: "
+                             f"{sorted(BUNDLED_MODELS)}.")
         return
     if os.path.isdir(name):
         return
@@ -164,7 +165,8 @@ def _check_model_source(name: str) -> None:
 def _check_data_source(name: str) -> None:
     if name.startswith("bundled-"):
         if name not in BUNDLED_DATASETS:
-            raise ValueError(f"Unknown bundled dataset {name!r} in `data.dataset`; bundled: {sorted(BUNDLED_DATASETS)}.")
+            raise ValueError(f"Unknown bundled dataset {name!r} in `data.dataset`; bundled: "
+                             f"{sorted(BUNDLED_DATASETS)}.")
         return
     if os.path.exists(name):
         if os.path.isfile(name) and os.path.splitext(name)[1] not in LOCAL_DATA_FORMATS:
