@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(RUN_ENV) $(PY) examples/quickstart_tweets.py --output_dir outputs/quickstart
+	$(RUN_ENV) $(PY) -m fedhf train --config recipes/tweets_minilm_lora_scaffold_dir0.3_n12.yaml --output_dir outputs/quickstart
 
 # Offline federated SFT of a tiny Llama on the bundled tweets as instructions (examples/sft_llm.py).
 DEMO_LLM_FLAGS ?= --lora_r 0 --learning_rate 1e-3 --num_rounds 20 --local_steps 5 --num_clients 8 --clients_per_round 2 --per_device_train_batch_size 8 --gradient_accumulation_steps 1 --train_rows 2000 --max_length 40 --eval_rows 100 --generation_rows 100 --eval_every_rounds 5 --disable_tqdm true

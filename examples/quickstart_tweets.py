@@ -3,8 +3,9 @@
 12 clients over a Dirichlet(0.3) label-skewed split (most clients hold one or two of the three classes),
 6 of them per round, 10 local steps each, 30 rounds of SCAFFOLD (plain SGD clients plus control variates that
 cancel client drift); the settings are the recipe recipes/tweets_minilm_lora_scaffold_dir0.3_n12.yaml, and any
-FederatedConfig flag overrides them. Everything is bundled with the ``demo`` extras (no network). Run with
-``make demo`` or::
+FederatedConfig flag overrides them. Everything is bundled with the ``demo`` extras (no network). The same
+recipe runs with ``fedhf train --config recipes/tweets_minilm_lora_scaffold_dir0.3_n12.yaml`` (``make demo``);
+this script spells out the Hugging Face code that command runs. Run with::
 
     python examples/quickstart_tweets.py --output_dir outputs/quickstart [--algorithm fedavg ...]
 
@@ -36,11 +37,10 @@ RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes
 
 def main(argv=None) -> float:
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--recipe", default=RECIPE, help="YAML of FederatedConfig fields; flags override it.")
+    pre.add_argument("--recipe", default=RECIPE, help="Recipe; flags override its train: section.")
     known, rest = pre.parse_known_args(argv)
     with open(known.recipe) as f:
-        recipe = yaml.safe_load(f)
-    recipe.setdefault("use_cpu", not torch.cuda.is_available())  # bf16 autocast on CPU needs use_cpu
+        recipe = yaml.safe_load(f)["train"]  # the FederatedConfig section (`fedhf train` reads them all)
     parser = HfArgumentParser(FederatedConfig)
     parser.set_defaults(**recipe)
     parser.add_argument("--train_rows", type=int, default=8000, help="Training tweets split over the clients.")

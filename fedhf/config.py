@@ -23,6 +23,7 @@ import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, Optional, Union
 
+import torch
 from transformers import TrainingArguments
 
 from .checks import check_batch_sizes, check_mixed_precision, check_output_dir, coerce_numeric_strings
@@ -147,6 +148,10 @@ class FederatedConfig(TrainingArguments):
             # Without use_cpu, accelerate reports one process under torchrun/accelerate launch on a machine with
             # no GPU while torch.distributed holds them all: every process would train every client
             # (fedhf/processes.py). On such a machine CPU is the only device anyway.
+            self.use_cpu = True
+        if (self.bf16 or self.bf16_full_eval) and not self.use_cpu and not torch.accelerator.is_available():
+            # CPU is the only device, and bf16 autocast runs there, but transformers refuses bf16 without use_cpu:
+            # a recipe with `bf16: true` would not load on a CPU-only machine (issue 12).
             self.use_cpu = True
         coerce_numeric_strings(self)  # before TrainingArguments compares them with numbers
         check_output_dir(self.output_dir)

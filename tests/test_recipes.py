@@ -1,4 +1,6 @@
-"""Every recipe parses into a FederatedConfig with no unknown keys; the quickstart example runs on a tiny budget."""
+"""Every recipe is a sectioned recipe with no unknown key in any section, whose train: section parses into a
+FederatedConfig on this machine (bf16 included); bad recipes fail naming the key before any work; the quickstart
+example runs on a tiny budget."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ import sys
 import pytest
 import torch
 import yaml
+from peft import LoraConfig
 from transformers import HfArgumentParser
 
 from fedhf import FederatedConfig
+from fedhf.recipes import TASKS, load_recipe
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+TWEETS = ROOT / "recipes" / "tweets_minilm_lora_scaffold_dir0.3_n12.yaml"
 
 
 def test_there_are_recipes():
@@ -24,11 +29,63 @@ def test_there_are_recipes():
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_recipe_parses_with_no_unknown_keys(recipe, tmp_path):
     text = recipe.read_text()
-    assert text.startswith("#") and "python " in text  # header: purpose and the exact command
-    values = yaml.safe_load(text)
-    values.update(output_dir=str(tmp_path), use_cpu=not torch.cuda.is_available())
-    (config,) = HfArgumentParser(FederatedConfig).parse_dict(values, allow_extra_keys=False)
+    assert text.startswith("#") and f"fedhf train --config recipes/{recipe.name}" in text  # header: the command
+    loaded = load_recipe(str(recipe))  # refuses an unknown section or key in model/lora/data/train
+    assert loaded.model.task in TASKS
+    if loaded.lora is not None:
+        LoraConfig(**loaded.lora)
+    train = dict(yaml.safe_load(text)["train"], output_dir=str(tmp_path))  # no use_cpu: bf16 must parse as is
+    (config,) = HfArgumentParser(FederatedConfig).parse_dict(train, allow_extra_keys=False)
     config.build_algorithm()
+    if config.bf16 and not torch.accelerator.is_available():
+        assert config.use_cpu  # FederatedConfig's answer to bf16 on a CPU-only machine
+
+
+def _write(tmp_path, values, name="recipe.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def _tweets():
+    return yaml.safe_load(TWEETS.read_text())
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r.update(optim={}), r"unknown section\(s\) \['optim'\]"),
+    (lambda r: r.pop("data"), r"missing section\(s\) \['data'\]"),
+    (lambda r: r["model"].update(num_label=3), r"\['num_label'\] in section `model:`"),
+    (lambda r: r["data"].update(rows=10), r"\['rows'\] in section `data:`"),
+    (lambda r: r["lora"].update(rank=8), r"\['rank'\] in section `lora:`.*LoraConfig"),
+    (lambda r: r["train"].update(num_client=3), r"\['num_client'\] in section `train:`.*FederatedConfig"),
+    (lambda r: r["model"].update(task="causal-lm"), r"unknown `model.task` 'causal-lm'.*image-classification"),
+    (lambda r: r["model"].update(name_or_path="bundled-bert"), r"bundled model 'bundled-bert'.*bundled-minilm"),
+    (lambda r: r["data"].update(dataset="bundled-imdb"), r"bundled dataset 'bundled-imdb'.*bundled-tweets"),
+    (lambda r: r["data"].update(dataset="./no/such.csv"), r"`data.dataset` './no/such.csv' does not exist"),
+    (lambda r: r["model"].update(config={"model_type": "resnet"}), r"exactly one of `model.name_or_path`"),
+])
+def test_bad_recipe_fails_naming_the_key(tmp_path, edit, message):
+    values = _tweets()
+    edit(values)
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        load_recipe(_write(tmp_path, values))
+
+
+def test_missing_recipe_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no_such.yaml"):
+        load_recipe(str(tmp_path / "no_such.yaml"))
+
+
+@pytest.mark.parametrize("section, key, name, flag", [
+    ("model", "name_or_path", "someone/uncached-model-xyz", "HF_HUB_OFFLINE"),
+    ("data", "dataset", "someone/uncached-dataset-xyz", "HF_HUB_OFFLINE"),
+])
+def test_hub_name_while_offline_fails_naming_the_setting(tmp_path, monkeypatch, section, key, name, flag):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    values = _tweets()
+    values[section][key] = name
+    with pytest.raises(ValueError, match=f"{name}.*{flag}=1"):
+        load_recipe(_write(tmp_path, values))
 
 
 def test_quickstart_runs_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
