@@ -18,7 +18,8 @@ from fedhf.cli import main
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TWEETS = ROOT / "recipes" / "tweets_minilm_lora_scaffold_dir0.3_n12.yaml"
 DIGITS = ROOT / "recipes" / "digits_resnet_fedpac_muon_dir0.5_n8.yaml"
-TINY = ["--num_rounds", "1", "--local_steps", "2", "--disable_tqdm", "true"]
+# bf16 off: its matmuls are emulated (~500x slower) on CPUs without AVX-512 BF16/AMX.
+TINY = ["--num_rounds", "1", "--local_steps", "2", "--disable_tqdm", "true", "--bf16", "false"]
 
 
 def _tiny_tweets_recipe(tmp_path, rows=200) -> str:

@@ -30,7 +30,7 @@ def test_minilm_lora_on_tweets_learns(minilm, tweets, tokenizer, tmp_path):
     trainable, frozen = trainable_state(model), frozen_state(model)
     # Accuracy at round 5 over seeds 0-3 measured 0.60 / 0.51 / 0.51 / 0.52 against a majority class of 0.41.
     args = config(tmp_path, num_clients=6, clients_per_round=6, num_rounds=5, local_steps=8, dirichlet_alpha=0.5,
-                  algorithm="scaffold", learning_rate=1.0, eval_every_rounds=2, bf16=True)
+                  algorithm="scaffold", learning_rate=1.0, eval_every_rounds=2)
     trainer = tweet_trainer(model, tweets, tokenizer, args)
     trainer.train()
     _assert_changed(trainable, trainable_state(model))
