@@ -40,22 +40,20 @@ from .data.checks import check_datasets, check_not_streaming
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
-from .hub import push_round_checkpoint, write_model_card
-from .metrics import plot_history, write_json_atomic
+from .metrics import plot_history
 from .model_outputs import logits_of
 from .optim import ModelAccess, export_theta
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
 from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
-from .state import ClientStateStore, load_checkpoint, save_checkpoint
-from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from .state import ClientStateStore
 from .state.rotation import rotate_checkpoints
-from .state.run import RunState, check_fingerprint, fingerprint, refuse_to_overwrite, resolve_checkpoint
+from .run_outputs import HISTORY_FILE, RunOutputs
+from .state.run import RunState, refuse_to_overwrite, resolve_checkpoint
 from .sync import drift, spectral_drift
 from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log
 
-HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
 
 
@@ -69,7 +67,7 @@ def loss_items(batch: dict, shifted: bool) -> int:
     return int(tensor.shape[0])
 
 
-class FederatedTrainer(Trainer):
+class FederatedTrainer(RunOutputs, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -393,66 +391,3 @@ class FederatedTrainer(Trainer):
 
         return ModelAccess(self.model, loss, logits,
                            lambda: self._client_batches(ctx.client_id, ctx.round, stream=3, cycle=False))
-
-    # ------------------------------------------------------------------ outputs
-    def create_model_card(self, *args, **kwargs) -> None:
-        """The federated model card (fedhf/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
-        if self.is_world_process_zero():
-            self._write_card(self.args.output_dir)
-
-    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
-        """Trainer's save_model, then the federated card beside the weights/adapter (replacing peft's card)."""
-        super().save_model(output_dir, _internal_call)
-        if self.is_world_process_zero():
-            self._write_card(output_dir or self.args.output_dir)
-
-    def _write_card(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
-        write_model_card(directory, self.args, self.algorithm, self.partition_summary, self.federated_history,
-                         self.model)
-
-    def _record(self, entry: dict) -> None:
-        self.federated_history.append(entry)
-        if self.is_world_process_zero():
-            write_json_atomic(self.federated_history, os.path.join(self.args.output_dir, HISTORY_FILE))
-
-    # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, run: RunState) -> None:
-        """output_dir/checkpoint-round-N: the run's state (safetensors + JSON, checksummed, written atomically)
-        and the global model as ``save_model`` writes it, under model/."""
-        clients = self._gather_client_store()
-        if not self.is_world_process_zero():
-            return
-        meta = {**run.meta(), "history": self.federated_history, "fingerprint": fingerprint(self.args, self.algorithm)}
-        directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
-        save_checkpoint(directory, {**run.tensor_groups(), "client_store": clients}, meta,
-                        write_extra=self._write_model)
-        if self.args.push_to_hub:  # hub_strategy, in rounds
-            push_round_checkpoint(self.args, self.hub_model_id, os.path.join(directory, "model"), run.rounds_done)
-
-    def _write_model(self, directory: str) -> None:
-        """The global model (a peft adapter or full weights) as safetensors, with its tokenizer/processor;
-        unlike ``save_model`` it writes no pickled training_args.bin."""
-        self.model.save_pretrained(os.path.join(directory, "model"), safe_serialization=True)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(os.path.join(directory, "model"))
-        self._write_card(os.path.join(directory, "model"))
-
-    def _gather_client_store(self) -> Dict[str, torch.Tensor]:
-        """Every process's client states, on the main process (per-client state lives where its client trains)."""
-        local = self.client_store.to_tensors()
-        dist = torch.distributed
-        if self.world.size == 1:
-            return local
-        parts = [None] * self.world.size
-        dist.all_gather_object(parts, local)  # between this run's own processes only
-        return {k: v for part in parts for k, v in part.items()}
-
-    def _restore(self, path: str) -> RunState:
-        groups, meta = load_checkpoint(path)
-        check_fingerprint(path, meta, fingerprint(self.args, self.algorithm))
-        run = RunState.from_checkpoint(groups, meta)
-        self.client_store.load_tensors(groups.get("client_store", {}), keep=self.world.owns)
-        self.federated_history = list(meta["history"])
-        logger.info("resumed from %s after round %d", path, run.rounds_done)
-        return run

@@ -1,0 +1,86 @@
+"""What a federated run writes and reads back: the history, the model card beside every saved model, and round
+checkpoints (the run's state plus the global model) with resume. A mixin of :class:`fedhf.FederatedTrainer`,
+kept apart from the round loop; it uses the trainer's ``args``, ``algorithm``, ``world``, ``client_store``,
+``federated_history`` and ``partition_summary``."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import torch
+from transformers.utils import logging
+
+from .hub import push_round_checkpoint, write_model_card
+from .metrics import write_json_atomic
+from .state import load_checkpoint, save_checkpoint
+from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from .state.run import RunState, check_fingerprint, fingerprint
+
+HISTORY_FILE = "federated_history.json"
+logger = logging.get_logger(__name__)
+
+
+class RunOutputs:
+    # ------------------------------------------------------------------ outputs
+    def create_model_card(self, *args, **kwargs) -> None:
+        """The federated model card (fedhf/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
+        if self.is_world_process_zero():
+            self._write_card(self.args.output_dir)
+
+    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
+        """Trainer's save_model, then the federated card beside the weights/adapter (replacing peft's card)."""
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():
+            self._write_card(output_dir or self.args.output_dir)
+
+    def _write_card(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        write_model_card(directory, self.args, self.algorithm, self.partition_summary, self.federated_history,
+                         self.model)
+
+    def _record(self, entry: dict) -> None:
+        self.federated_history.append(entry)
+        if self.is_world_process_zero():
+            write_json_atomic(self.federated_history, os.path.join(self.args.output_dir, HISTORY_FILE))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, run: RunState) -> None:
+        """output_dir/checkpoint-round-N: the run's state (safetensors + JSON, checksummed, written atomically)
+        and the global model as ``save_model`` writes it, under model/."""
+        clients = self._gather_client_store()
+        if not self.is_world_process_zero():
+            return
+        meta = {**run.meta(), "history": self.federated_history, "fingerprint": fingerprint(self.args, self.algorithm)}
+        directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
+        save_checkpoint(directory, {**run.tensor_groups(), "client_store": clients}, meta,
+                        write_extra=self._write_model)
+        if self.args.push_to_hub:  # hub_strategy, in rounds
+            push_round_checkpoint(self.args, self.hub_model_id, os.path.join(directory, "model"), run.rounds_done)
+
+    def _write_model(self, directory: str) -> None:
+        """The global model (a peft adapter or full weights) as safetensors, with its tokenizer/processor;
+        unlike ``save_model`` it writes no pickled training_args.bin."""
+        self.model.save_pretrained(os.path.join(directory, "model"), safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(os.path.join(directory, "model"))
+        self._write_card(os.path.join(directory, "model"))
+
+    def _gather_client_store(self) -> Dict[str, torch.Tensor]:
+        """Every process's client states, on the main process (per-client state lives where its client trains)."""
+        local = self.client_store.to_tensors()
+        dist = torch.distributed
+        if self.world.size == 1:
+            return local
+        parts = [None] * self.world.size
+        dist.all_gather_object(parts, local)  # between this run's own processes only
+        return {k: v for part in parts for k, v in part.items()}
+
+    def _restore(self, path: str) -> RunState:
+        groups, meta = load_checkpoint(path)
+        check_fingerprint(path, meta, fingerprint(self.args, self.algorithm))
+        run = RunState.from_checkpoint(groups, meta)
+        self.client_store.load_tensors(groups.get("client_store", {}), keep=self.world.owns)
+        self.federated_history = list(meta["history"])
+        logger.info("resumed from %s after round %d", path, run.rounds_done)
+        return run
