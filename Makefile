@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 RUN_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME=$(CURDIR)/.cache/hf \
            TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore::FutureWarning
 
-.PHONY: demo test install benchmarks benchmark-algorithms clean
+.PHONY: demo test install benchmarks benchmark-algorithms benchmark-llm clean
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ benchmarks: $(STAMP)
 # The algorithm comparison: about 37 minutes on 2 CPU cores; interrupted runs resume.
 benchmark-algorithms: $(STAMP)
 	$(RUN_ENV) $(PY) benchmarks/algorithms.py --budget full
+
+# The LLM path: a federated LoRA round against a plain loop (fp32, gradient checkpointing, 4-bit); a few minutes.
+benchmark-llm: $(STAMP)
+	$(RUN_ENV) $(PY) benchmarks/llm.py | tee benchmarks/llm_result.txt
 
 clean:
 	rm -rf $(VENV) outputs .cache

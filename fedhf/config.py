@@ -5,26 +5,35 @@
 Differences from TrainingArguments, on purpose:
 * ``learning_rate`` and ``weight_decay`` default to ``None``: the algorithm's paper defaults apply unless set
   (SGD-based federated algorithms want lr 0.1, not Trainer's 5e-5).
+* ``gradient_accumulation_steps`` G: one local step is one optimizer step over G micro-batches of
+  ``per_device_train_batch_size`` rows (see ``FederatedTrainer._local_steps`` for the mean it matches).
 * The learning rate follows ``round_lr_schedule`` over rounds (cosine by default, constant within a round, as
-  in the papers); ``lr_scheduler_type``, ``max_steps`` and ``num_train_epochs`` are not used by the round loop.
-* ``logging_steps``/``eval_strategy``/``save_steps`` are replaced by ``eval_every_rounds``/``save_every_rounds``:
-  one "step" of the trainer state is one round, every round is logged, and whenever an ``eval_dataset`` is
-  given the global model is evaluated every ``eval_every_rounds`` rounds and after the last (``eval_on_start``
-  adds round 0).
+  in the papers); ``max_steps``, ``num_train_epochs`` and ``warmup_steps`` are refused (set num_rounds/local_steps).
+* One "step" of the trainer state is one round: ``eval_strategy="steps"``/``eval_steps`` set ``eval_every_rounds``,
+  ``save_strategy="steps"``/``save_steps`` set ``save_every_rounds``, ``logging_steps`` (default 1) counts rounds.
+  Whenever an ``eval_dataset`` is given the global model is evaluated every ``eval_every_rounds`` rounds and after
+  the last (``eval_on_start`` adds round 0). Every TrainingArguments field is honoured, refused with the fix, or
+  listed as having no effect in fedhf/trainer_settings.py (the README's "Trainer settings" table).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, Optional, Union
 
 from transformers import TrainingArguments
 
+from .checks import check_batch_sizes, check_mixed_precision, check_output_dir, coerce_numeric_strings
 from .data import PARTITIONERS
 from .processes import cpu_only_launch
+from .hub import check_hub_access
+from .trainer_settings import map_round_strategies, refuse_unsupported
 
 ROUND_SCHEDULES = ("cosine", "constant")
+TRAINING_ARGUMENTS_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
+                               for f in fields(TrainingArguments) if f.default is not MISSING
+                               or f.default_factory is not MISSING}
 CLIENT_WEIGHTINGS = ("uniform", "num_samples")
 
 
@@ -58,6 +67,10 @@ class FederatedConfig(TrainingArguments):
     max_update_norm: Optional[float] = field(
         default=None,
         metadata={"help": "Exclude a client whose update norm exceeds this (non-finite loss or update always is)."})
+    max_excluded_rounds: int = field(
+        default=3,
+        metadata={"help": "Stop with an error when every client is excluded in this many consecutive rounds "
+                          "(the model no longer changes; usually learning_rate too large); 0 = never stop."})
     client_state_budget_mb: Optional[float] = field(
         default=None,
         metadata={"help": "RAM for per-client state (SCAFFOLD c_i, ...); beyond it, least recently used clients "
@@ -112,6 +125,8 @@ class FederatedConfig(TrainingArguments):
         default=False,
         metadata={"help": "Kept off: local steps never all-reduce gradients, so there is nothing to average across "
                           "processes (Trainer's default True scales eval_loss by the number of processes)."})
+    logging_steps: float = field(
+        default=1, metadata={"help": "Log every N rounds (with logging_strategy='steps'); one step is one round."})
     # --- evaluation and saving ---
     eval_every_rounds: int = field(
         default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})
@@ -133,7 +148,14 @@ class FederatedConfig(TrainingArguments):
             # no GPU while torch.distributed holds them all: every process would train every client
             # (fedhf/processes.py). On such a machine CPU is the only device anyway.
             self.use_cpu = True
+        coerce_numeric_strings(self)  # before TrainingArguments compares them with numbers
+        check_output_dir(self.output_dir)
+        refuse_unsupported(self, TRAINING_ARGUMENTS_DEFAULTS)  # fedhf/trainer_settings.py: the README table
+        map_round_strategies(self)
         super().__post_init__()
+        check_batch_sizes(self)
+        check_mixed_precision(self)
+        check_hub_access(self)  # before Trainer creates the Hub repository
         for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
                      "state_sync_kwargs"):
             setattr(self, name, _as_dict(getattr(self, name), name))
@@ -157,12 +179,15 @@ class FederatedConfig(TrainingArguments):
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
             (self.weight_decay is None or self.weight_decay >= 0, "`weight_decay` must be >= 0"),
             (self.max_update_norm is None or self.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),
+            (self.max_excluded_rounds >= 0, "`max_excluded_rounds` must be >= 0 (0 = never stop)"),
             (self.client_state_budget_mb is None or self.client_state_budget_mb >= 0,
              "`client_state_budget_mb` must be >= 0 or unset"),
             (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
             (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
-            (self.gradient_accumulation_steps == 1,
-             "`gradient_accumulation_steps` is not supported; raise `per_device_train_batch_size` or `local_steps`"),
+            (self.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
+            (not self.average_tokens_across_devices,
+             "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
+             "clients (local steps never all-reduce); leave it False"),
         ]
         for ok, message in checks:
             if not ok:

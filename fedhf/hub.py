@@ -1,8 +1,17 @@
-"""The model card section that says how a model was trained federatedly (appended to Trainer's card)."""
+"""The model card written beside every saved model (``save_model()``, each round checkpoint's model/, and
+``create_model_card()``/``push_to_hub()``), its federated section, and the Hub checks and upload.
+
+Model cards follow huggingface_hub's ``ModelCard`` format: YAML metadata (``base_model`` by its Hub id, ``tags``,
+``library_name``) then Markdown. peft's ``save_pretrained`` writes its own card with ``base_model`` set to the path
+the base was loaded from, often an absolute local path; ours replaces it and never names a local path.
+"""
 
 from __future__ import annotations
 
-from typing import List
+import os
+from typing import List, Optional
+
+import yaml
 
 from .metrics.history import is_quality_metric
 
@@ -24,7 +33,11 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         f"| clients per round (S) | {args.clients_per_round} |",
         f"| rounds (R) | {args.num_rounds} |",
         f"| local steps per round (K) | {args.local_steps} |",
+        f"| local optimizer / state sync / correction / server rule | {algorithm.optimizer.cls.__name__} / "
+        f"{algorithm.sync!r} / {algorithm.correction!r} / {algorithm.server!r} |",
         f"| local batch size | {args.per_device_train_batch_size} |",
+        f"| seed | {args.seed} |",
+        f"| fedhf version | {_version()} |",
         f"| learning rate schedule over rounds | {args.round_lr_schedule}, peak {algorithm.optimizer.lr} |",
         f"| partition | {args.partition}" + (f" (alpha={args.dirichlet_alpha}, column `{args.partition_column}`)"
                                              if args.partition == "dirichlet" else "") + " |",
@@ -40,3 +53,93 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         for key, value in sorted(evals.items()):
             lines.append(f"| final {key} | {value:.4f} |")
     return "\n".join(lines) + "\n"
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def hub_base_model(model) -> Optional[str]:
+    """The base model's Hub id, or None when it was loaded from a local folder (a path is never published).
+    For a peft model, the adapter's ``base_model_name_or_path``; otherwise the config's ``_name_or_path``."""
+    peft_config = getattr(model, "peft_config", None)  # peft models only
+    if isinstance(peft_config, dict) and peft_config:
+        name = next(iter(peft_config.values())).base_model_name_or_path
+    else:
+        config = getattr(model, "config", None)
+        name = getattr(config, "_name_or_path", None) if config is not None else None
+    if not name or os.path.isabs(name) or os.path.exists(name) or name.startswith((".", "~")):
+        return None
+    return name
+
+
+def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str]) -> str:
+    """The whole card: metadata, a title, and the federated section."""
+    metadata = {"library_name": "transformers", "tags": list(FEDERATED_TAGS) + [algorithm.name]}
+    if base_model:
+        metadata["base_model"] = base_model
+    title = f"# {os.path.basename(os.path.normpath(args.output_dir))}"
+    origin = (f"a fine-tuned version of [{base_model}](https://huggingface.co/{base_model})" if base_model
+              else "a fine-tuned model (its base model was loaded from a local folder)")
+    intro = f"This model is {origin}, trained federatedly over {args.num_clients} simulated clients with fedhf."
+    return ("---\n" + yaml.safe_dump(metadata, sort_keys=True) + "---\n\n" + title + "\n\n" + intro + "\n"
+            + federated_card_section(args, algorithm, partition_summary, history))
+
+
+def write_model_card(directory: str, args, algorithm, partition_summary: dict, history: List[dict], model) -> str:
+    """Write ``directory``/README.md (replacing peft's or Trainer's); returns its path."""
+    path = os.path.join(directory, "README.md")
+    with open(path, "w") as f:
+        f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model)))
+    return path
+
+
+def check_hub_access(args) -> None:
+    """Before any work: ``push_to_hub=True`` needs the Hub (not offline) and a token. The token is never shown."""
+    if not args.push_to_hub:
+        return
+    from huggingface_hub import constants, get_token
+
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
+    if offline:
+        raise ValueError("`push_to_hub=True` but the Hub is offline (HF_HUB_OFFLINE is set): set push_to_hub=False "
+                         "to train offline (save_model() writes the card and weights locally), or unset "
+                         "HF_HUB_OFFLINE.")
+    if not (args.hub_token or get_token()):
+        raise ValueError("`push_to_hub=True` but no Hugging Face token was found: set HF_TOKEN (or run `hf auth "
+                         "login`, or pass `hub_token`), choose the repository with `hub_model_id`, or set "
+                         "push_to_hub=False.")
+
+
+def upload_operations(folder: str, path_in_repo: str = "") -> list:
+    """One ``CommitOperationAdd`` per file under ``folder`` (sorted), under ``path_in_repo``. Pickle files
+    (training_args.bin and the like) are never published."""
+    from huggingface_hub import CommitOperationAdd
+
+    operations = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith((".bin", ".pt", ".pth", ".pkl")):
+                continue
+            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            operations.append(CommitOperationAdd(path_in_repo=f"{path_in_repo}/{relative}" if path_in_repo else relative,
+                                                 path_or_fileobj=os.path.join(root, name)))
+    return operations
+
+
+def push_round_checkpoint(args, repo_id: str, model_dir: str, round_index: int):
+    """A round checkpoint's model (weights/adapter + card) to the Hub through ``HfApi.create_commit``, as
+    ``hub_strategy`` says: 'end' pushes nothing here (push_to_hub() at the end does), 'every_save'/'checkpoint'
+    replace the repository's model with this round's, 'all_checkpoints' adds it under checkpoint-round-N/."""
+    from huggingface_hub import HfApi
+
+    strategy = str(getattr(args.hub_strategy, "value", args.hub_strategy))
+    if strategy == "end":
+        return None
+    prefix = f"checkpoint-round-{round_index}" if strategy == "all_checkpoints" else ""
+    return HfApi(token=args.hub_token).create_commit(
+        repo_id=repo_id, operations=upload_operations(model_dir, prefix), revision=args.hub_revision,
+        commit_message=f"fedhf: global model after round {round_index}")

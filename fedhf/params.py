@@ -3,8 +3,12 @@
 Exactly the trainable parameters (``requires_grad``) are federated: LoRA A/B and ``modules_to_save`` heads
 under peft, every weight under full fine-tuning. Frozen base weights are never copied per client. Floating
 point buffers (BatchNorm running statistics) are averaged like parameters but never corrected or
-preconditioned (ALGORITHMS.md section 0); integer buffers (``num_batches_tracked``, ``position_ids``) are not
-federated.
+preconditioned (ALGORITHMS.md section 0); integer buffers (``num_batches_tracked``, ``position_ids``) and
+non-persistent buffers (constants the model rebuilds itself and never saves, e.g. a causal LM's rotary
+``inv_freq``) are not federated.
+
+Quantised bases (QLoRA, bitsandbytes ``Params4bit`` uint8 / ``Int8Params`` int8) are frozen integer parameters, so
+they are never sent, averaged or copied; only the adapter and trainable heads are.
 
 Names are the model's own ``named_parameters`` names, which for a peft model are the names peft's
 ``get_peft_model_state_dict`` is built from, so keys stay consistent with saved adapters.
@@ -24,8 +28,10 @@ def trainable_parameters(model: torch.nn.Module) -> Dict[str, torch.nn.Parameter
 
 
 def federated_buffers(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """Floating-point buffers, e.g. BatchNorm running mean/var (averaged, not trained)."""
-    return {name: b for name, b in model.named_buffers() if b is not None and b.is_floating_point()}
+    """Floating-point buffers that are part of the model's state, e.g. BatchNorm running mean/var (averaged, not
+    trained). The state dict's keys tell persistent buffers from non-persistent ones."""
+    saved = set(model.state_dict(keep_vars=True))
+    return {name: b for name, b in model.named_buffers() if b is not None and b.is_floating_point() and name in saved}
 
 
 def snapshot(tensors: TensorDict) -> TensorDict:

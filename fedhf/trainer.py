@@ -34,23 +34,42 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from .aggregation import RoundSums, destroy_process_group_at_exit
+from .checkpointing import enable_activation_checkpointing
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
-from .hub import FEDERATED_TAGS, federated_card_section
+from .data.checks import check_datasets, check_not_streaming
+from .best_model import BestRound
+from .determinism import fix_thread_count
+from .guards import ExclusionGuard
+from .hub import push_round_checkpoint, write_model_card
 from .metrics import plot_history, write_json_atomic
 from .message import Message
+from .model_outputs import logits_of
 from .optim import ModelAccess, OptimizerHooks
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
+from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from .state.rotation import rotate_checkpoints
 from .state.run import RunState, check_fingerprint, fingerprint, refuse_to_overwrite, resolve_checkpoint
 from .sync import drift, spectral_drift
+from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log
 
 HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
+
+
+def loss_items(batch: dict, shifted: bool) -> int:
+    """What a batch's mean loss is over: its label tokens != -100 (after a causal LM's shift) when labels are per
+    token, else its rows."""
+    labels = batch.get("labels")
+    if torch.is_tensor(labels) and labels.ndim >= 2:
+        return int(labels[..., 1:].ne(-100).sum() if shifted else labels.ne(-100).sum())
+    tensor = labels if torch.is_tensor(labels) else next(v for v in batch.values() if torch.is_tensor(v))
+    return int(tensor.shape[0])
 
 
 class FederatedTrainer(Trainer):
@@ -66,6 +85,7 @@ class FederatedTrainer(Trainer):
                  client_partitions: Optional[Sequence[Sequence[int]]] = None, **trainer_kwargs) -> None:
         if not isinstance(args, FederatedConfig):
             raise TypeError(f"FederatedTrainer needs `args=FederatedConfig(...)`, got {type(args).__name__}.")
+        check_not_streaming(trainer_kwargs.get("train_dataset"), "train_dataset")  # Trainer's own error names max_steps
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if self.train_dataset is None:
             raise ValueError("FederatedTrainer needs a `train_dataset` to split over clients.")
@@ -75,6 +95,10 @@ class FederatedTrainer(Trainer):
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
         self.world = process_world(args)  # the process map and the round's all-reduce count the same processes
+        check_quantised_layers(self.model)
+        self._set_signature_columns_if_needed()
+        check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
+                       self._signature_columns)
         self.algorithm = args.build_algorithm()
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
@@ -84,6 +108,7 @@ class FederatedTrainer(Trainer):
             self.client_partitions = self._check_partitions(client_partitions)
             self.partition_summary = {"num_clients": len(self.client_partitions),
                                       "sizes": [len(p) for p in self.client_partitions]}
+        self.partition_summary["torch_threads"] = fix_thread_count(args.full_determinism, args.world_size)
         budget = None if args.client_state_budget_mb is None else int(args.client_state_budget_mb * 2**20)
         spill_dir = args.client_state_dir or os.path.join(args.output_dir, "client_state")
         if self.world.size > 1:  # each process spills the clients it owns
@@ -116,6 +141,7 @@ class FederatedTrainer(Trainer):
         if checkpoint is None:
             refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)
         self._train_data, self._collator = self._client_data_pipeline()
+        enable_activation_checkpointing(self.model, args)
         destroy_process_group_at_exit()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
@@ -133,25 +159,33 @@ class FederatedTrainer(Trainer):
                                   global_step=run.rounds_done)
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
+        expose_rounds_to_callbacks(args, self.eval_dataset is not None)
+        best = BestRound(args)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and self.eval_dataset is not None and checkpoint is None:
             self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval)})
 
+        guard = ExclusionGuard(args.max_excluded_rounds)
         while run.rounds_done < args.num_rounds and not self.control.should_training_stop:
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
             entry = self._run_round(run, params, buffers)
+            guard.after_round(entry, self.algorithm.optimizer.lr, args.max_update_norm)
             self.state.global_step = run.rounds_done
             self.state.epoch = float(run.rounds_done)
-            self.log(dict(entry))
-            last = run.rounds_done == args.num_rounds
-            if self.eval_dataset is not None and (last or (args.eval_every_rounds
-                                                           and run.rounds_done % args.eval_every_rounds == 0)):
+            if should_log(args, run.rounds_done):
+                self.log(dict(entry))
+            if should_evaluate(args, run.rounds_done, self.eval_dataset is not None):
                 entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
+                best.after_evaluate(self.state, entry, params, buffers)
             self._record(entry)
             if args.save_every_rounds and run.rounds_done % args.save_every_rounds == 0:
                 self._save_checkpoint(run)
+                rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_global_step)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
 
+        if best.load_at_end(self.state, params, buffers) is not None:
+            logger.info("loaded the best round's model (round %d, %s=%s)", self.state.best_global_step,
+                        best.metric, self.state.best_metric)
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         if self.is_world_process_zero():
             plot_history(self.federated_history, os.path.join(args.output_dir, "federated_history.png"))
@@ -255,16 +289,18 @@ class FederatedTrainer(Trainer):
         sums.add("uplink_bytes", own.nbytes + sum(m.nbytes for m in messages.values()))
 
     def _local_steps(self, ctx: ClientContext, optimizer: OptimizerHooks) -> torch.Tensor:
-        """The local loop; returns the summed loss."""
+        """The local loop; returns the summed loss. A local step is one optimizer step over
+        ``gradient_accumulation_steps`` micro-batches (see :meth:`_accumulate`); curvature refreshes (on the first
+        micro-batch), clipping and corrections act once per step."""
         args, correction = self.args, self.algorithm.correction
         self.optimizer = optimizer
         batches = self._client_batches(ctx.client_id, ctx.round)
         loss_sum = torch.zeros((), dtype=torch.float64)
         for step in range(args.local_steps):
-            batch = next(batches)
-            optimizer.before_forward(step, batch)
-            loss_sum += self.training_step(self.model, batch).double()
-            if args.max_grad_norm:
+            micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
+            optimizer.before_forward(step, micro_batches[0])
+            loss_sum += self._accumulate(micro_batches)
+            if args.max_grad_norm is not None and args.max_grad_norm > 0:  # Trainer's meaning: <= 0 = no clipping
                 torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
             correction.before_step(ctx)
             self.optimizer.step()
@@ -273,6 +309,33 @@ class FederatedTrainer(Trainer):
         optimizer.end_round()
         self.optimizer = None
         return loss_sum
+
+    def _accumulate(self, micro_batches: List[dict]) -> torch.Tensor:
+        """Gradients of one optimizer step over G micro-batches, equal to those of one backward over their union;
+        returns the union's loss.
+
+        Which mean: the model's own loss is a mean over its micro-batch; each micro-batch is weighted by its share
+        of the union's items, so the step sees the union's mean. Items are label tokens != -100 when labels are
+        per token (causal LMs: the per-token mean of the union, counted after the shift a causal-LM loss makes;
+        token classifiers likewise without the shift) and rows otherwise (sequence/image classifiers: the per-row
+        mean). The weight goes through the divisor Trainer's ``training_step`` applies (a plain 1/G would
+        overweight a short micro-batch). With G = 1 nothing changes.
+        """
+        if len(micro_batches) == 1:
+            return self.training_step(self.model, micro_batches[0]).double()
+        if self.compute_loss_func is not None or self.loss_is_scaled_for_ga:
+            raise ValueError("gradient_accumulation_steps > 1 needs the model's own mean loss; a `compute_loss_func` "
+                             "(or a loss already scaled for accumulation) cannot be weighted per micro-batch. Use "
+                             "gradient_accumulation_steps=1 and a larger per_device_train_batch_size.")
+        items = [loss_items(batch, self._loss_shifts_labels) for batch in micro_batches]
+        loss = torch.zeros((), dtype=torch.float64)
+        for batch, n in zip(micro_batches, items):
+            if n == 0:  # nothing to learn from (all labels masked): its mean would be NaN
+                continue
+            self.current_gradient_accumulation_steps = sum(items) / n
+            loss += self.training_step(self.model, batch).double()
+        self.current_gradient_accumulation_steps = 1
+        return loss
 
     def _faulty(self, loss_sum: torch.Tensor, delta: Dict[str, torch.Tensor]) -> Optional[str]:
         if not torch.isfinite(loss_sum):
@@ -320,21 +383,27 @@ class FederatedTrainer(Trainer):
         def logits(batch):
             inputs = {k: v for k, v in self._prepare_inputs(batch).items() if k not in ("labels", "label")}
             with self.autocast_smart_context_manager():
-                return self.model(**inputs).logits
+                return logits_of(self.model(**inputs))
 
         return ModelAccess(self.model, loss, logits,
                            lambda: self._client_batches(ctx.client_id, ctx.round, stream=3, cycle=False))
 
     # ------------------------------------------------------------------ outputs
-    def create_model_card(self, *args, tags=None, **kwargs) -> None:
-        """Trainer's card, tagged and with a section saying how the model was trained federatedly."""
-        tags = [tags] if isinstance(tags, str) else list(tags or [])
-        super().create_model_card(*args, tags=tags + [t for t in FEDERATED_TAGS if t not in tags], **kwargs)
-        path = os.path.join(self.args.output_dir, "README.md")
-        if self.is_world_process_zero() and os.path.exists(path):
-            with open(path, "a") as f:
-                f.write(federated_card_section(self.args, self.algorithm, self.partition_summary,
-                                               self.federated_history))
+    def create_model_card(self, *args, **kwargs) -> None:
+        """The federated model card (fedhf/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
+        if self.is_world_process_zero():
+            self._write_card(self.args.output_dir)
+
+    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
+        """Trainer's save_model, then the federated card beside the weights/adapter (replacing peft's card)."""
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():
+            self._write_card(output_dir or self.args.output_dir)
+
+    def _write_card(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        write_model_card(directory, self.args, self.algorithm, self.partition_summary, self.federated_history,
+                         self.model)
 
     def _record(self, entry: dict) -> None:
         self.federated_history.append(entry)
@@ -352,6 +421,8 @@ class FederatedTrainer(Trainer):
         directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
         save_checkpoint(directory, {**run.tensor_groups(), "client_store": clients}, meta,
                         write_extra=self._write_model)
+        if self.args.push_to_hub:  # hub_strategy, in rounds
+            push_round_checkpoint(self.args, self.hub_model_id, os.path.join(directory, "model"), run.rounds_done)
 
     def _write_model(self, directory: str) -> None:
         """The global model (a peft adapter or full weights) as safetensors, with its tokenizer/processor;
@@ -359,6 +430,7 @@ class FederatedTrainer(Trainer):
         self.model.save_pretrained(os.path.join(directory, "model"), safe_serialization=True)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(os.path.join(directory, "model"))
+        self._write_card(os.path.join(directory, "model"))
 
     def _gather_client_store(self) -> Dict[str, torch.Tensor]:
         """Every process's client states, on the main process (per-client state lives where its client trains)."""

@@ -54,3 +54,64 @@ def trainable_state(model) -> dict:
 
 def frozen_state(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+
+
+# ---------------------------------------------------------------------------------------------- causal LM (QLoRA, TRL)
+SENTIMENT_PROMPT = "Tweet: {text}\nSentiment:"
+
+
+def tiny_llama_dir(path: str, tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4) -> str:
+    """A small LlamaForCausalLM built from a config over the MiniLM tokenizer's vocabulary, saved to ``path`` so
+    that it loads like a Hub checkpoint (which is how a quantised base is obtained)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                         max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.sep_token_id, bos_token_id=tokenizer.cls_token_id)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def tokenize_prompt_completion(tokenizer, prompt: str, completion: str, eos: str = "[SEP]") -> dict:
+    """trl's prompt-completion tokenisation done by hand: the loss is on the tokens after the longest common prefix
+    of tokenize(prompt) and tokenize(prompt + completion + eos) (trl.SFTTrainer._prepare_dataset)."""
+    prompt_ids = tokenizer(text=prompt)["input_ids"]
+    ids = tokenizer(text=prompt + completion + eos)["input_ids"]
+    start = next((i for i, (a, b) in enumerate(zip(prompt_ids, ids)) if a != b), min(len(prompt_ids), len(ids)))
+    return {"input_ids": ids, "labels": [-100] * start + ids[start:]}
+
+
+def sentiment_pairs(tweets, n_train: int, n_eval: int, max_chars: int = 120):
+    """Bundled tweets as prompt/completion pairs ("Tweet: ...\\nSentiment:" -> " positive"), with the ``label``
+    column kept for the split."""
+    from fedhf.data.bundled import TWEET_LABELS, subsample
+
+    def pairs(ds, n):
+        ds = subsample(ds, n, seed=0)
+        return ds.map(lambda row: {"prompt": SENTIMENT_PROMPT.format(text=row["text"][:max_chars]),
+                                   "completion": " " + TWEET_LABELS[row["label"]]}, remove_columns=["text"])
+
+    return {"train": pairs(tweets["train"], n_train), "test": pairs(tweets["test"], n_eval)}
+
+
+def tokenized_pairs(pairs, tokenizer):
+    return {split: ds.map(lambda row: tokenize_prompt_completion(tokenizer, row["prompt"], row["completion"]),
+                          remove_columns=["prompt", "completion"]) for split, ds in pairs.items()}
+
+
+def causal_lm_collator(pad_token_id: int):
+    """Right-pads input_ids (pad id), labels (-100) and the attention mask; other columns (the split's ``label``)
+    are not model inputs."""
+
+    def collate(rows):
+        width = max(len(r["input_ids"]) for r in rows)
+
+        def pad(key, value):
+            return torch.tensor([r[key] + [value] * (width - len(r[key])) for r in rows])
+
+        mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows])
+        return {"input_ids": pad("input_ids", pad_token_id), "attention_mask": mask, "labels": pad("labels", -100)}
+
+    return collate

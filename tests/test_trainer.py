@@ -223,3 +223,18 @@ def test_dataloader_drop_last_lets_batchnorm_clients_skip_a_one_row_batch(digits
     args = config(tmp_path / "ok", num_clients=2, clients_per_round=2, num_rounds=1, local_steps=2,
                   dataloader_drop_last=True)
     digit_trainer(tiny_resnet(), digits, args, evaluate=False, client_partitions=parts).train()
+
+
+@pytest.mark.parametrize("bound", [-1.0, 0.0])
+def test_max_grad_norm_at_or_below_zero_means_no_clipping(digits, tmp_path, bound):
+    """Trainer's meaning; clip_grad_norm_ with a negative bound would flip every gradient (gradient ascent)."""
+    def run(norm, name):
+        model = tiny_resnet()
+        args = config(tmp_path / name, num_clients=2, clients_per_round=2, num_rounds=1, local_steps=2,
+                      partition="iid", local_optimizer="sgd", learning_rate=0.05, max_grad_norm=norm)
+        digit_trainer(model, digits, args, evaluate=False).train()
+        return trainable_state(model)
+
+    unclipped, huge_bound, tiny_bound = run(bound, "a"), run(1e30, "b"), run(1e-6, "c")
+    assert all(torch.equal(unclipped[n], huge_bound[n]) for n in unclipped)
+    assert any(not torch.equal(unclipped[n], tiny_bound[n]) for n in unclipped)  # clipping does act when > 0

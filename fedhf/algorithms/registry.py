@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 from ..algorithm import Algorithm
@@ -19,4 +20,5 @@ def get_algorithm(name: str, **kwargs) -> Algorithm:
     try:
         return factory(**kwargs)
     except TypeError as err:
-        raise ValueError(f"Bad `algorithm_kwargs` for algorithm {name!r}: {err}.") from None
+        accepted = sorted(inspect.signature(factory).parameters)
+        raise ValueError(f"Bad `algorithm_kwargs` for algorithm {name!r}: {err}; it accepts {accepted}.") from None

@@ -9,10 +9,10 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 
-def partition_counts(parts: List[np.ndarray], labels: Sequence) -> np.ndarray:
-    """counts[i, c] = rows of class c held by client i (classes in sorted order)."""
+def partition_counts(parts: List[np.ndarray], labels: Sequence, classes: Optional[Sequence] = None) -> np.ndarray:
+    """counts[i, c] = rows of class c held by client i (``classes``, default: the values present, sorted)."""
     labels = np.asarray(labels)
-    classes = np.unique(labels)
+    classes = np.unique(labels) if classes is None else classes
     return np.stack([np.array([(labels[p] == c).sum() for c in classes]) for p in parts])
 
 
@@ -27,8 +27,10 @@ def label_skew(parts: List[np.ndarray], labels: Sequence) -> float:
 def partition_report(parts: List[np.ndarray], labels: Optional[Sequence], class_names: Optional[list] = None) -> dict:
     report = {"num_clients": len(parts), "sizes": [int(len(p)) for p in parts]}
     if labels is not None:
-        counts = partition_counts(parts, labels)
-        names = class_names or [str(c) for c in np.unique(np.asarray(labels))]
+        # A ClassLabel's classes are 0..len(names)-1, rows or not: a class with no rows is a column of zeros.
+        classes = np.arange(len(class_names)) if class_names else np.unique(np.asarray(labels))
+        counts = partition_counts(parts, labels, classes)
+        names = class_names or [str(c) for c in classes]
         report.update(classes=[str(n) for n in names], counts=counts.tolist(), label_skew=label_skew(parts, labels))
     return report
 

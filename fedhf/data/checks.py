@@ -1,0 +1,104 @@
+"""Data checks that run when ``FederatedTrainer`` is built, before the split, the partition report or any step.
+
+Without them, string labels, labels the model's head cannot hold, untokenised text, ``None`` values or an eval set
+without labels fail deep inside the collator or the loss (after partition.json/png were written), or silently give
+no metrics. Each error names the dataset, the column and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional
+
+import datasets
+import torch
+from transformers import PretrainedConfig
+
+LABEL_COLUMNS = ("label", "labels", "label_ids")
+
+
+def check_not_streaming(dataset, name: str) -> None:
+    """The round loop draws each client's rows by index every round (random access): a stream cannot do that."""
+    if isinstance(dataset, (datasets.IterableDataset, torch.utils.data.IterableDataset)):
+        raise ValueError(
+            f"`{name}` is an IterableDataset (streaming): federated clients need random access to their rows. "
+            "Materialise it first, e.g. `datasets.Dataset.from_generator(lambda: (yield from stream))`, "
+            "`load_dataset(..., streaming=False)`, or `Dataset.from_list(list(stream.take(n)))`.")
+
+
+def label_columns(dataset: datasets.Dataset, label_names: Optional[Iterable[str]]) -> List[str]:
+    return [c for c in dict.fromkeys([*(label_names or []), *LABEL_COLUMNS]) if c in dataset.column_names]
+
+
+def _num_labels(model) -> Optional[int]:
+    """The classification head's size, for models with a transformers config (peft models forward it)."""
+    config = getattr(model, "config", None)  # plain torch modules have none: nothing to check against
+    if not isinstance(config, PretrainedConfig) or config.problem_type in ("regression", "multi_label_classification"):
+        return None
+    return config.num_labels if config.num_labels > 1 else None
+
+
+def _check_label_values(dataset: datasets.Dataset, column: str, name: str, num_labels: Optional[int]) -> None:
+    feature = dataset.features[column]
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        raise ValueError(f"`{name}` column {column!r} holds strings; models need integer class ids: "
+                         f"`{name} = {name}.class_encode_column({column!r})` (and pass its names as the model's "
+                         "id2label/label2id).")
+    scalar_int = isinstance(feature, datasets.ClassLabel) or (
+        isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint")))
+    values = dataset[column]
+    if any(v is None for v in values):
+        raise ValueError(f"`{name}` column {column!r} has missing (None) values: drop those rows, e.g. "
+                         f"`{name}.filter(lambda row: row[{column!r}] is not None)`.")
+    if not scalar_int or num_labels is None:
+        return
+    bad = sorted({int(v) for v in values if not (0 <= v < num_labels or v == -100)})
+    if bad:
+        raise ValueError(f"`{name}` column {column!r} has labels {bad[:5]} outside [0, {num_labels}) for a model with "
+                         f"num_labels={num_labels}: load the model with num_labels (and id2label) matching the data, "
+                         "e.g. from_pretrained(..., num_labels=dataset.features['label'].num_classes).")
+
+
+def check_partition_column(dataset: datasets.Dataset, column: str) -> None:
+    if column in dataset.column_names and any(v is None for v in dataset[column]):
+        raise ValueError(f"`partition_column`={column!r} has missing (None) values: drop or fill those rows "
+                         f"(`dataset.filter(lambda row: row[{column!r}] is not None)`), or use partition='iid'.")
+
+
+def check_model_inputs(dataset: datasets.Dataset, name: str, signature_columns: Optional[List[str]],
+                       labels: List[str]) -> None:
+    """With ``remove_unused_columns`` (Trainer's default), only the columns the model's forward takes reach it:
+    if none of them is in the data (raw text, raw images), the collator or forward fails later."""
+    if not signature_columns:
+        return
+    inputs = [c for c in dataset.column_names if c in signature_columns and c not in labels]
+    if not inputs:
+        wanted = [c for c in signature_columns if c not in labels and c not in ("label", "label_ids")][:4]
+        raise ValueError(
+            f"`{name}` has no column the model takes (columns: {dataset.column_names}; the model's forward takes "
+            f"{wanted}, ...). Tokenise or process it first, e.g. `{name}.map(lambda b: tokenizer(b['text'], "
+            "truncation=True), batched=True)` for text or an image processor for pixel_values; or set "
+            "remove_unused_columns=False with a collator that does it.")
+
+
+def check_datasets(model, args, train_dataset, eval_dataset, compute_metrics, signature_columns) -> None:
+    """Everything above for the training set, and the eval set's labels when ``compute_metrics`` needs them."""
+    num_labels = _num_labels(model)
+    if isinstance(train_dataset, datasets.Dataset):
+        labels = label_columns(train_dataset, args.label_names)
+        for column in labels:
+            _check_label_values(train_dataset, column, "train_dataset", num_labels)
+        if args.partition != "iid":
+            check_partition_column(train_dataset, args.partition_column)
+        if args.remove_unused_columns:
+            check_model_inputs(train_dataset, "train_dataset", signature_columns, labels)
+    evals = eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}
+    for key, data in evals.items():
+        if not isinstance(data, datasets.Dataset):
+            continue
+        name = f"eval_dataset[{key!r}]" if key else "eval_dataset"
+        labels = label_columns(data, args.label_names)
+        if compute_metrics is not None and not labels and not args.prediction_loss_only:
+            raise ValueError(f"`{name}` has no label column (columns: {data.column_names}), so `compute_metrics` "
+                             "would never run: add the labels (a 'label' column), or pass compute_metrics=None.")
+        for column in labels:
+            _check_label_values(data, column, name, num_labels)

@@ -1,0 +1,176 @@
+"""Every bad input fedhf refuses before work, as data: what is given, the field the message must name, and how
+to build it. tests/test_bad_inputs.py runs each one (refused, field named, nothing written) and checks that
+docs/bad_inputs.md is the table tests/bad_inputs_table.py generates from this list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import datasets
+import numpy as np
+from transformers import TrainingArguments
+
+from fedhf import FederatedTrainer
+
+from .helpers import config, digit_trainer, tiny_resnet, tweet_trainer
+
+
+@dataclass
+class Bad:
+    input: str  # what the user gave, in words
+    field: str  # the setting or argument the message must name
+    build: Callable  # env -> raises; env has tmp_path, digits, tweets, tokenizer, minilm
+    error: type = ValueError
+
+
+def _cfg(**kw):
+    return lambda env: config(env["tmp_path"], **kw)
+
+
+def _digits(**kw):
+    return lambda env: digit_trainer(tiny_resnet(), env["digits"], config(env["tmp_path"], **kw))
+
+
+def _with_train(transform, model=tiny_resnet, **kw):
+    def build(env):
+        data = {"train": transform(env["digits"]["train"]), "test": env["digits"]["test"]}
+        return digit_trainer(model(), data, config(env["tmp_path"], **kw))
+    return build
+
+
+def _with_eval(transform, **kw):
+    def build(env):
+        data = {"train": env["digits"]["train"], "test": transform(env["digits"]["test"])}
+        return digit_trainer(tiny_resnet(), data, config(env["tmp_path"], **kw))
+    return build
+
+
+def _output_dir_is_a_file(env):
+    path = env["tmp_path"] / "run"
+    path.write_text("not a folder")
+    return config(env["tmp_path"])
+
+
+def _string_labels(ds):
+    return ds.cast_column("label", datasets.Value("int64")).cast_column("label", datasets.Value("string"))
+
+
+def _none_in(column):
+    def transform(ds):
+        values = list(ds["label"])
+        values[3] = None
+        ds = ds.remove_columns("label") if column == "label" else ds
+        return ds.add_column(column, values, feature=datasets.Value("int64"))
+    return transform
+
+
+def _untokenised(env):
+    text = env["tweets"]["train"].remove_columns(["input_ids", "attention_mask", "token_type_ids"])
+    from .helpers import lora_minilm
+    return tweet_trainer(lora_minilm(env["minilm"]), {"train": text, "test": env["tweets"]["test"]},
+                         env["tokenizer"], config(env["tmp_path"]))
+
+
+def _frozen(env):
+    model = tiny_resnet()
+    model.requires_grad_(False)
+    return digit_trainer(model, env["digits"], config(env["tmp_path"]))
+
+
+def _plain_args(env):
+    return FederatedTrainer(model=tiny_resnet(), args=TrainingArguments(output_dir=str(env["tmp_path"] / "run"),
+                                                                        report_to="none"))
+
+
+def _partitions(parts):
+    return lambda env: digit_trainer(tiny_resnet(), env["digits"], config(env["tmp_path"], partition="iid"),
+                                     client_partitions=parts(len(env["digits"]["train"])))
+
+
+BAD_INPUTS = [
+    # --- the federation and the split (FederatedConfig) ---
+    Bad("`num_clients` = 0", "num_clients", _cfg(num_clients=0, clients_per_round=1)),
+    Bad("`clients_per_round` = 0", "clients_per_round", _cfg(clients_per_round=0)),
+    Bad("`clients_per_round` > `num_clients`", "clients_per_round", _cfg(num_clients=4, clients_per_round=5)),
+    Bad("`num_rounds` = 0", "num_rounds", _cfg(num_rounds=0)),
+    Bad("`local_steps` = 0", "local_steps", _cfg(local_steps=0)),
+    Bad("`gradient_accumulation_steps` = 0", "gradient_accumulation_steps", _cfg(gradient_accumulation_steps=0)),
+    Bad("`average_tokens_across_devices=True` (other processes' tokens belong to other clients)",
+        "average_tokens_across_devices", _cfg(average_tokens_across_devices=True)),
+    Bad("`dirichlet_alpha` <= 0", "dirichlet_alpha", _cfg(dirichlet_alpha=0.0)),
+    Bad("`min_partition_size` < 1", "min_partition_size", _cfg(min_partition_size=0)),
+    Bad("`partition_max_retries` < 1", "partition_max_retries", _cfg(partition_max_retries=0)),
+    Bad("unknown `partition`", "partition", _cfg(partition="shards")),
+    Bad("unknown `client_weighting`", "client_weighting", _cfg(client_weighting="by_loss")),
+    Bad("unknown `round_lr_schedule`", "round_lr_schedule", _cfg(round_lr_schedule="linear")),
+    Bad("`learning_rate` <= 0", "learning_rate", _cfg(learning_rate=-1.0)),
+    Bad("`weight_decay` < 0", "weight_decay", _cfg(weight_decay=-0.1)),
+    Bad("`max_update_norm` <= 0", "max_update_norm", _cfg(max_update_norm=0.0)),
+    Bad("`max_excluded_rounds` < 0", "max_excluded_rounds", _cfg(max_excluded_rounds=-1)),
+    Bad("`client_state_budget_mb` < 0", "client_state_budget_mb", _cfg(client_state_budget_mb=-1.0)),
+    Bad("`eval_every_rounds` < 0", "eval_every_rounds", _cfg(eval_every_rounds=-1)),
+    Bad("`save_every_rounds` < 0", "save_every_rounds", _cfg(save_every_rounds=-1)),
+    # --- the algorithm ---
+    Bad("unknown `algorithm`", "algorithm", _cfg(algorithm="fedsomething")),
+    Bad("unknown `local_optimizer`", "local_optimizer", _cfg(local_optimizer="adamm")),
+    Bad("unknown `correction`", "correction", _cfg(correction="magic")),
+    Bad("unknown `server_rule`", "server_rule", _cfg(server_rule="krum")),
+    Bad("unknown `state_sync`", "state_sync", _cfg(state_sync="sometimes")),
+    Bad("an `algorithm_kwargs` key the algorithm does not take (the accepted keys are listed)", "algorithm_kwargs",
+        _cfg(algorithm="fedprox", algorithm_kwargs={"nu": 0.1})),
+    Bad("`algorithm_kwargs` that is not JSON", "algorithm_kwargs", _cfg(algorithm_kwargs="{not json")),
+    Bad("`correction_kwargs` without `correction`", "correction_kwargs", _cfg(correction_kwargs={"mu": 0.1})),
+    Bad("`server_rule='preconditioned_mix'` without FOOF", "local_optimizer", _cfg(server_rule="preconditioned_mix")),
+    # --- TrainingArguments fields ---
+    Bad("`learning_rate: 1e-3x` (a YAML string that is no number)", "learning_rate", _cfg(learning_rate="1e-3x")),
+    Bad("`num_clients: '2.5'` (a YAML string that is no integer)", "num_clients", _cfg(num_clients="2.5")),
+    Bad("`per_device_train_batch_size` = 0", "per_device_train_batch_size", _cfg(per_device_train_batch_size=0)),
+    Bad("`per_device_eval_batch_size` = 0", "per_device_eval_batch_size", _cfg(per_device_eval_batch_size=0)),
+    Bad("an `output_dir` that is a file", "output_dir", _output_dir_is_a_file),
+    Bad("`max_steps` (the round loop counts rounds)", "max_steps", _cfg(max_steps=100)),
+    Bad("`num_train_epochs` != its default", "num_train_epochs", _cfg(num_train_epochs=5)),
+    Bad("`warmup_steps` > 0", "warmup_steps", _cfg(warmup_steps=10)),
+    Bad("`adam_beta2` != its default", "adam_beta2", _cfg(adam_beta2=0.99)),
+    Bad("`data_seed` set", "data_seed", _cfg(data_seed=3)),
+    Bad("`save_strategy='best'`", "save_strategy", _cfg(save_strategy="best")),
+    Bad("`save_steps` as a fraction of the run", "save_steps", _cfg(save_strategy="steps", save_steps=0.5)),
+    Bad("`eval_steps` as a fraction of the run", "eval_steps", _cfg(eval_strategy="steps", eval_steps=0.25)),
+    Bad("`deepspeed` set", "deepspeed", _cfg(deepspeed="ds.json")),
+    # --- the model and the data (FederatedTrainer) ---
+    Bad("`args` that is a plain TrainingArguments", "args", _plain_args, TypeError),
+    Bad("a model with no trainable parameters", "peft", _frozen),
+    Bad("a streaming IterableDataset", "train_dataset",
+        lambda env: digit_trainer(tiny_resnet(), {"train": env["digits"]["train"].to_iterable_dataset(),
+                                                  "test": None}, config(env["tmp_path"]))),
+    Bad("string labels", "class_encode_column", _with_train(_string_labels)),
+    Bad("labels outside the model's `num_labels`", "num_labels", _with_train(lambda ds: ds.filter(lambda r: True),
+        model=lambda: _resnet_with(num_labels=5))),
+    Bad("`None` labels", "label", _with_train(_none_in("label"), partition="iid")),
+    Bad("`None` in the `partition_column`", "partition_column", _with_train(_none_in("group"), partition_column="group")),
+    Bad("an untokenised text dataset", "train_dataset", _untokenised),
+    Bad("an `eval_dataset` without labels while `compute_metrics` is set", "compute_metrics",
+        _with_eval(lambda ds: ds.remove_columns("label"))),
+    Bad("string labels in the `eval_dataset`", "eval_dataset", _with_eval(_string_labels)),
+    Bad("more clients than training rows", "num_clients",
+        _with_train(lambda ds: ds.select(range(5)), num_clients=6, clients_per_round=2, partition="iid")),
+    Bad("`partition_column` not in the dataset", "partition_column", _digits(partition_column="user")),
+    Bad("`partition_column` not categorical", "partition_column", _digits(partition_column="pixel_values")),
+    Bad("a Dirichlet split that cannot give every client `min_partition_size` rows", "min_partition_size",
+        _digits(num_clients=4, min_partition_size=400, partition_max_retries=2)),
+    Bad("`natural` partition with `num_clients` != the number of values", "num_clients",
+        _digits(partition="natural", num_clients=3, clients_per_round=3)),
+    Bad("`client_partitions` with the wrong number of clients", "client_partitions",
+        _partitions(lambda n: [np.arange(n)])),
+    Bad("`client_partitions` with an out-of-range row", "client_partitions",
+        _partitions(lambda n: [[0], [1], [2], [n]])),
+    Bad("`client_partitions` with an empty client", "client_partitions",
+        _partitions(lambda n: [[0], [1], [2], []])),
+]
+
+
+def _resnet_with(num_labels):
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    return ResNetForImageClassification(ResNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1],
+                                                     layer_type="basic", num_labels=num_labels))
