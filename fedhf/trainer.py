@@ -43,7 +43,7 @@ from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
 from .hub import push_round_checkpoint, write_model_card
-from .metrics import plot_history, write_json_atomic
+from .metrics import drift, plot_history, spectral_drift, write_json_atomic
 from .message import Message
 from .model_outputs import logits_of
 from .optim import ModelAccess, OptimizerHooks
@@ -55,7 +55,6 @@ from .state import ClientStateStore, load_checkpoint, save_checkpoint
 from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from .state.rotation import rotate_checkpoints
 from .state.run import RunState, check_fingerprint, fingerprint, refuse_to_overwrite, resolve_checkpoint
-from .sync import drift, spectral_drift
 from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log
 
 HISTORY_FILE = "federated_history.json"

@@ -9,8 +9,8 @@ import torch
 from fedhf.aggregation import RoundSums
 from fedhf.context import ClientContext
 from fedhf.state import ClientStateStore
-from fedhf.sync import (AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, drift, low_rank,
-                        spectral_drift)
+from fedhf.metrics import drift, spectral_drift
+from fedhf.sync import AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, low_rank
 from fedhf.optim import SOAP, Sophia
 
 
