@@ -94,8 +94,7 @@ class Client:
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         spec = LocalOptimizer(name, OPTIMIZERS[name])
         self.optimizer = spec.build(self.params, spec.lr)
-        if getattr(self.optimizer, "needs_model", False):
-            self.optimizer.attach(model_access(model))
+        self.optimizer.attach(model_access(model))
         self.step_index = 0
         self.times: list[dict[str, float]] = []  # per step: seconds in each of PARTS
 
@@ -103,9 +102,7 @@ class Client:
         """One local step; ``model_flops``/``step_flops`` (FlopCounterMode) count the model passes / the step."""
         start = time.perf_counter()
         with model_flops or contextlib.nullcontext():
-            hook = getattr(self.optimizer, "before_forward", None)
-            if hook is not None:
-                hook(self.step_index, batch)
+            self.optimizer.before_forward(self.step_index, batch)
             curvature = time.perf_counter()
             self.model(**batch).loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params.values(), 1.0)

@@ -1,10 +1,12 @@
 """Aggregation is a sum.
 
-Every client turns its round into a message of named tensors (``dx.<param>``, ``dc.<param>``, scalars such as
-``w`` and ``loss``). The round's messages are added into one :class:`RoundSums`; every server rule then runs
+Every client turns its round into messages of named tensors (the trainer's ``dx.<param>`` and scalars such as
+``w`` and ``loss``; each component's :class:`fedhf.message.Message`, namespaced as ``correction.dc.<param>``,
+``sync.theta.<key>``, ``server.P.<weight>``). The round's messages are added into one :class:`RoundSums`; every server rule then runs
 deterministically on the sums (ALGORITHMS.md section 4.2). Because nothing needs the list of individual
 messages, spreading clients over processes costs exactly one all-reduce per round (:meth:`all_reduce`). The one
 exception is the robust aggregators, which say so (``gathers = True``) and receive every update (:meth:`gather`).
+A read of a key nobody sent is an error (:class:`MissingSum`), never a silent zero.
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from typing import Dict, List, Mapping, Tuple
 
 import torch
 
+from .message import Message
 from .params import TensorDict
+
+
+class MissingSum(KeyError):
+    """A server half read a sum that no client sent (a typo in a key, or a component that did not send it)."""
 
 
 class RoundSums:
@@ -38,6 +45,22 @@ class RoundSums:
         for name, tensor in tensors.items():
             self.add(f"{prefix}.{name}", tensor.detach(), scale)
 
+    def add_message(self, message: Message, namespace: str = "") -> None:
+        """Add one component's message, its keys under ``<namespace>.`` (none: as they are)."""
+        for key, value in message.tensors.items():
+            self.add(f"{namespace}.{key}" if namespace else key, value)
+
+    def within(self, namespace: str) -> "RoundSums":
+        """The sums of one component's messages, keys without the ``<namespace>.`` (the tensors are shared)."""
+        view, head = RoundSums(), namespace + "."
+        view._sums = {k[len(head):]: v for k, v in self._sums.items() if k.startswith(head)}
+        view.gathered = self.gathered
+        return view
+
+    def has(self, prefix: str) -> bool:
+        """Whether any client sent a key under ``<prefix>.``."""
+        return any(k.startswith(prefix + ".") for k in self._sums)
+
     def scalar(self, key: str, default: float = 0.0) -> float:
         return float(self._sums[key]) if key in self._sums else default
 
@@ -46,18 +69,17 @@ class RoundSums:
 
     def get(self, key: str) -> torch.Tensor:
         """One summed tensor (float64) by its full key, e.g. ``"P.<param>"``."""
+        if key not in self._sums:
+            raise MissingSum(f"No client sent {key!r} this round (sent: {sorted(self._sums)[:8]}...).")
         return self._sums[key]
 
     def items(self) -> List[Tuple[str, torch.Tensor]]:
         return list(self._sums.items())
 
     def tensors(self, prefix: str, like: TensorDict) -> TensorDict:
-        """The summed tensors under ``prefix`` for every name of ``like``, in ``like``'s dtype (zeros if absent)."""
-        out = {}
-        for name, ref in like.items():
-            total = self._sums.get(f"{prefix}.{name}")
-            out[name] = torch.zeros_like(ref) if total is None else total.to(ref.dtype)
-        return out
+        """The summed tensors under ``prefix`` for every name of ``like``, in ``like``'s dtype; a name nobody sent
+        raises :class:`MissingSum`."""
+        return {name: self.get(f"{prefix}.{name}").to(ref.dtype) for name, ref in like.items()}
 
     def gather(self, client_id: int, tensors: TensorDict) -> None:
         self.gathered.append((int(client_id), {k: v.detach() for k, v in tensors.items()}))

@@ -18,8 +18,12 @@ from typing import Any, Mapping, Optional, Union
 
 from .corrections import CORRECTIONS, Correction
 from .optim import LocalOptimizer
-from .server import SERVER_RULES, Mean
+from .server import Mean, ServerRule, Step, build_server_rule
 from .sync import STATE_SYNCS, Reset, StateSync
+
+
+def _fedavg_server() -> ServerRule:
+    return ServerRule(Mean(), [Step()])
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class Algorithm:
     name: str
     optimizer: LocalOptimizer
     correction: Correction = field(default_factory=Correction)
-    server: Any = field(default_factory=Mean)
+    server: ServerRule = field(default_factory=_fedavg_server)
     sync: StateSync = field(default_factory=Reset)
 
     def __post_init__(self) -> None:
@@ -36,10 +40,9 @@ class Algorithm:
                 f"State sync {self.sync.name!r} warm-starts the optimizer state, which {self.optimizer.cls.__name__} "
                 "cannot import: choose a fedhf local optimizer (sgd/adamw from torch only export it) or "
                 "`state_sync='reset'`.")
-        needs = getattr(self.server, "requires_optimizer", None)
-        if needs is not None and not issubclass(self.optimizer.cls, needs):
-            raise ValueError(f"Server rule {self.server.name!r} needs the local optimizer {needs.__name__}, got "
-                             f"{self.optimizer.cls.__name__}: set `local_optimizer` accordingly.")
+        if self.server.aggregator.needs_preconditioners and not self.optimizer.exports_preconditioners:
+            raise ValueError(f"Server rule {self.server.name!r} needs the local optimizer FOOF (one that exports "
+                             f"preconditioners), got {self.optimizer.cls.__name__}: set `local_optimizer=\"foof\"` accordingly.")
 
     def describe(self) -> str:
         return (f"{self.name}: optimizer={self.optimizer.cls.__name__}({dict(self.optimizer.kwargs)}), "
@@ -92,7 +95,10 @@ def compose(
     elif correction_kwargs:
         raise ValueError("`correction_kwargs` was given without `correction`; name the correction it configures.")
     if server_rule is not None:
-        changes["server"] = _build(SERVER_RULES, server_rule, server_rule_kwargs, "server_rule_kwargs")
+        try:
+            changes["server"] = build_server_rule(server_rule, server_rule_kwargs)
+        except TypeError as err:
+            raise ValueError(f"Bad `server_rule_kwargs` for server rule {server_rule!r}: {err}.") from None
         replaced.append(f"server={server_rule}")
     elif server_rule_kwargs:
         raise ValueError("`server_rule_kwargs` was given without `server_rule`; name the rule it configures.")

@@ -104,7 +104,8 @@ class FederatedConfig(TrainingArguments):
     correction_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Correction kwargs."})
     server_rule: Optional[str] = field(
         default=None, metadata={"help": "Replace the server rule: mean, momentum, adam, yogi, adagrad, median, "
-                                        "trimmed_mean, preconditioned_mix, prefedopt."})
+                                        "trimmed_mean, preconditioned_mix, prefedopt, or a chain "
+                                        "'<aggregator>+<transform>+...' such as 'median+momentum'."})
     server_rule_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Server rule kwargs."})
     state_sync: Optional[str] = field(
         default=None, metadata={"help": "Replace the optimizer-state sync: reset, persist_local, average_warmstart, "

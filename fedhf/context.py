@@ -1,14 +1,19 @@
-"""What a client and the server see during a round; passed to the corrections and server rules."""
+"""What a client and the server see during a round; passed to every component's hooks.
+
+A component never writes into the round's sums: its client half returns a :class:`fedhf.message.Message`, and its
+server half reads ``ServerContext.sums``, which holds the sums of *its own* messages (the trainer hands each
+component the view of its namespace, :meth:`fedhf.aggregation.RoundSums.within`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
 from .aggregation import RoundSums
-from .params import TensorDict, num_bytes
+from .params import TensorDict
 from .state.store import ClientStateStore
 
 
@@ -24,19 +29,10 @@ class ClientContext:
     global_params: TensorDict  # x^r (fp32)
     server_state: TensorDict  # what the correction's server half broadcast this round (downloaded)
     store: ClientStateStore
-    sums: RoundSums
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar broadcast by the state-sync rule
     participants: Sequence[int] = ()  # the round's sampled clients S_r, in sampling order (all processes)
     num_clients: int = 0  # N
-    uplink_bytes: int = 0
     scratch: Dict[str, object] = field(default_factory=dict)  # per-client-round values a correction keeps
-
-    def send(self, prefix: str, tensors: TensorDict, scale: float = 1.0, nbytes: Optional[int] = None) -> None:
-        """Upload ``tensors`` as ``scale * tensors`` into the round's sums. Their bytes are counted, or ``nbytes``
-        when what would go over the wire is smaller than the dense tensors summed here (a low-rank factorisation,
-        the upper triangle of a symmetric matrix)."""
-        self.uplink_bytes += num_bytes(tensors) if nbytes is None else int(nbytes)
-        self.sums.add_tensors(prefix, tensors, scale)
 
 
 @dataclass
@@ -45,6 +41,7 @@ class ServerContext:
     round_lr: float
     local_steps: int
     num_clients: int  # N, the whole population (SCAFFOLD and tracking divide by it)
-    sums: RoundSums
+    sums: RoundSums  # the sums of the reading component's own messages
     global_params: TensorDict  # x^r, before the update
     mean_delta: TensorDict  # D = sum w_i Delta_i / sum w_i
+    gathered: List[TensorDict] = field(default_factory=list)  # each Delta_i in client order, if the aggregator gathers

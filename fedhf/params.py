@@ -16,7 +16,7 @@ Names are the model's own ``named_parameters`` names, which for a peft model are
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -54,3 +54,10 @@ def difference(current: TensorDict, reference: TensorDict) -> TensorDict:
 def num_bytes(tensors: TensorDict) -> int:
     """Bytes that sending these tensors costs, computed from the tensors themselves."""
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def augment(matrix: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """[M | b]: a weight-shaped tensor as (out, in) (conv filters flattened), the bias as one more column (the
+    homogeneous coordinate of FOOF's A and FedPM's mixing)."""
+    flat = matrix.reshape(matrix.shape[0], -1)
+    return flat if bias is None else torch.cat([flat, bias.reshape(-1, 1).to(flat.dtype)], dim=1)

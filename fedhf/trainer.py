@@ -10,7 +10,9 @@ A round, top to bottom (ALGORITHMS.md section 4)::
     clients = sample S of N (seeded, without replacement)
     for each client: load x^r -> K local steps (clip, correction, optimizer) -> send w_i Delta_i (+ extras)
     (local optimizer built per client round; its state Theta warm-started / kept / reset by the state-sync rule)
+    (each component's client half returns its message; the trainer adds it under the component's namespace)
     sums of the messages -> correction's and sync's server halves -> server rule -> x^{r+1}
+    (docs/architecture.md draws it as data flow, with each axis's protocol)
     log train loss, lr, participants, communicated bytes and the drift Delta_D; evaluate every ``eval_every_rounds``
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Dict, Iterator, List, Optional, Sequence
 
 import datasets
@@ -40,9 +43,10 @@ from .data.checks import check_datasets, check_not_streaming
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
-from .metrics import plot_history
+from .metrics import drift, plot_history, spectral_drift
+from .message import Message
 from .model_outputs import logits_of
-from .optim import ModelAccess, export_theta
+from .optim import ModelAccess, OptimizerHooks
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
 from .quantization import check_quantised_layers
@@ -51,7 +55,6 @@ from .state import ClientStateStore
 from .state.rotation import rotate_checkpoints
 from .run_outputs import HISTORY_FILE, RunOutputs
 from .state.run import RunState, refuse_to_overwrite, resolve_checkpoint
-from .sync import drift, spectral_drift
 from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log
 
 logger = logging.get_logger(__name__)
@@ -95,8 +98,6 @@ class FederatedTrainer(RunOutputs, Trainer):
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)
         self.algorithm = args.build_algorithm()
-        # Robust aggregators need each client's update, not just the sums (see fedhf.server.robust).
-        self._server_gathers = bool(getattr(self.algorithm.server, "gathers", False))
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
                 raise ValueError("Pass `client_partitions` when `train_dataset` is not a datasets.Dataset.")
@@ -211,35 +212,34 @@ class FederatedTrainer(RunOutputs, Trainer):
                 client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
                 local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
                 global_params=run.global_params, server_state=run.correction_state, store=self.client_store,
-                sums=sums, sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
+                sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
             )
             load_into(params, run.global_params)
             load_into(buffers, run.global_buffers)
-            self._train_client(ctx, buffers)
-            sums.add("uplink_bytes", ctx.uplink_bytes)
+            self._train_client(ctx, buffers, sums)
             sums.add("downlink_bytes", downlink_each)
 
-        sums.all_reduce(gather=self._server_gathers)  # the round's only communication
+        sums.all_reduce(gather=algo.server.gathers)  # the round's only communication
         total_weight = sums.scalar("w")
         if total_weight > 0:
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
             server_ctx = ServerContext(round=r, round_lr=round_lr, local_steps=args.local_steps,
                                        num_clients=args.num_clients, sums=sums, global_params=run.global_params,
-                                       mean_delta=mean_delta)
-            run.correction_state = algo.correction.server_update(run.correction_state, server_ctx)
-            run.sync_state = algo.sync.server_update(run.sync_state, server_ctx)
-            extra = {"gathered": sums.gathered_in_client_order()} if self._server_gathers else {}
-            if getattr(algo.server, "needs_context", False):
-                extra["ctx"] = server_ctx
-            run.global_params, run.server_state = algo.server.apply(run.global_params, mean_delta, run.server_state,
-                                                                    **extra)
+                                       mean_delta=mean_delta, gathered=sums.gathered_in_client_order())
+            # each server half reads the sums of its own component's messages
+            run.correction_state = algo.correction.server_update(run.correction_state,
+                                                                 replace(server_ctx, sums=sums.within("correction")))
+            run.sync_state = algo.sync.server_update(run.sync_state, replace(server_ctx, sums=sums.within("sync")))
+            run.global_params, run.server_state = algo.server.apply(run.global_params, run.server_state,
+                                                                    replace(server_ctx, sums=sums.within("server")))
             if run.global_buffers:
                 run.global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", run.global_buffers).items()}
         else:
             logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
-        spectral = spectral_drift(self._round_thetas, sums, total_weight) if args.drift_spectral else None
+        theta_sums = sums.within("sync")
+        spectral = spectral_drift(self._round_thetas, theta_sums, total_weight) if args.drift_spectral else None
         self._round_thetas = []
 
         run.rounds_done = r + 1
@@ -250,11 +250,11 @@ class FederatedTrainer(RunOutputs, Trainer):
                 "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
                 "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20,
                 "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20,
-                **(drift(sums, total_weight) or {}), **(spectral or {})}
+                **(drift(theta_sums, total_weight) or {}), **(spectral or {})}
 
     # ------------------------------------------------------------------ one client
-    def _train_client(self, ctx: ClientContext, buffers: Dict[str, torch.Tensor]) -> None:
-        """K local steps from x^r, then the client's message (or its exclusion) into the round's sums."""
+    def _train_client(self, ctx: ClientContext, buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:
+        """K local steps from x^r, then the client's messages (or its exclusion) into the round's sums."""
         algo = self.algorithm
         algo.correction.client_begin(ctx)
         torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
@@ -263,45 +263,44 @@ class FederatedTrainer(RunOutputs, Trainer):
         self.model.train()
         optimizer = algo.optimizer.build(ctx.params, ctx.local_lr)
         algo.sync.client_begin(ctx, optimizer)
-        if getattr(optimizer, "needs_model", False):
-            optimizer.attach(self._model_access(ctx))
+        optimizer.attach(self._model_access(ctx))
         loss_sum = self._local_steps(ctx, optimizer)
         delta = difference(ctx.params, ctx.global_params)
         problem = self._faulty(loss_sum, delta)
         if problem:
             # Excluded from every sum (and its persistent state is left as it was), so it cannot poison the round.
             logger.warning("round %d: client %d excluded (%s)", ctx.round + 1, ctx.client_id, problem)
-            ctx.sums.add("excluded", 1.0)
+            sums.add("excluded", 1.0)
             return
-        ctx.send("dx", delta, scale=ctx.weight)
-        if self._server_gathers:
-            ctx.sums.gather(ctx.client_id, delta)
+        own = Message().put("dx", delta, scale=ctx.weight)  # the trainer's own message: un-namespaced keys
+        if algo.server.gathers:
+            sums.gather(ctx.client_id, delta)
         if buffers:
-            ctx.send("buf", snapshot(buffers), scale=ctx.weight)
-        algo.correction.client_end(ctx)
-        theta = export_theta(optimizer)
-        algo.sync.client_end(ctx, theta)
+            own.put("buf", snapshot(buffers), scale=ctx.weight)
+        messages = {"correction": algo.correction.client_end(ctx)}
+        theta = optimizer.export_theta()
+        messages["sync"] = algo.sync.client_end(ctx, theta, optimizer.theta_structure(theta))
         if self.args.drift_spectral and theta:
             self._round_thetas.append((ctx.weight, theta))
-        if hasattr(algo.server, "client_end"):  # server rules with a client half (FedPM's curvature upload)
-            algo.server.client_end(ctx, optimizer)
-        ctx.sums.add("w", ctx.weight)
-        ctx.sums.add("n", 1.0)
-        ctx.sums.add("loss", loss_sum / self.args.local_steps, scale=ctx.weight)
+        messages["server"] = algo.server.client_end(ctx, optimizer)
+        own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
+        own.tensors["loss"] = (loss_sum / self.args.local_steps).to(torch.float64) * ctx.weight
+        sums.add_message(own)
+        for namespace, message in messages.items():
+            sums.add_message(message, namespace)
+        sums.add("uplink_bytes", own.nbytes + sum(m.nbytes for m in messages.values()))
 
-    def _local_steps(self, ctx: ClientContext, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    def _local_steps(self, ctx: ClientContext, optimizer: OptimizerHooks) -> torch.Tensor:
         """The local loop; returns the summed loss. A local step is one optimizer step over
         ``gradient_accumulation_steps`` micro-batches (see :meth:`_accumulate`); curvature refreshes (on the first
         micro-batch), clipping and corrections act once per step."""
         args, correction = self.args, self.algorithm.correction
         self.optimizer = optimizer
-        before_forward = getattr(optimizer, "before_forward", None)
         batches = self._client_batches(ctx.client_id, ctx.round)
         loss_sum = torch.zeros((), dtype=torch.float64)
         for step in range(args.local_steps):
             micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
-            if before_forward is not None:
-                before_forward(step, micro_batches[0])
+            optimizer.before_forward(step, micro_batches[0])
             loss_sum += self._accumulate(micro_batches)
             if args.max_grad_norm is not None and args.max_grad_norm > 0:  # Trainer's meaning: <= 0 = no clipping
                 torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
@@ -309,8 +308,7 @@ class FederatedTrainer(RunOutputs, Trainer):
             self.optimizer.step()
             correction.after_step(ctx)
             self.optimizer.zero_grad(set_to_none=True)
-        if hasattr(optimizer, "end_round"):
-            optimizer.end_round()
+        optimizer.end_round()
         self.optimizer = None
         return loss_sum
 

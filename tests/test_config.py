@@ -54,7 +54,7 @@ def test_components_replace_axes_of_a_named_algorithm(tmp_path):
     algo = cfg.build_algorithm()
     assert algo.optimizer.cls.__name__ == "AdamW"
     assert algo.optimizer.lr == pytest.approx(1e-3)  # AdamW's own default, not FedAvg's SGD lr of 0.1
-    assert algo.server.kind == "yogi" and algo.server.lr == 0.02
+    assert algo.server.transforms[0].kind == "yogi" and algo.server.transforms[0].lr == 0.02
     assert algo.correction.mu == 0.01
     assert algo.name == "fedavg[optimizer=adamw,correction=proximal,server=yogi]"
 

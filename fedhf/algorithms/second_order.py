@@ -13,7 +13,7 @@ from typing import Tuple
 from ..algorithm import Algorithm
 from ..corrections import GlobalMix, ParameterTracking
 from ..optim import LocalOptimizer
-from ..server import CovarianceServer, Mean, PreconditionedMix
+from ..server import CovarianceServer, Mean, PreconditionedMix, ServerRule, Step
 from ..sync import AverageWarmstart, CompressedAverage, PersistLocal, StateSync
 from .registry import ALGORITHMS
 
@@ -174,7 +174,7 @@ def fedpm(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4, cur
     ALGORITHMS.md 2.10). LoRA tensors are averaged unless ``mix_lora`` (ALGORITHMS.md 6: not evaluated in the
     paper). Defaults: FedPM Table 4. Sends 1 + FA | 1 (FA without the LoRA layers unless ``mix_lora``)."""
     return Algorithm("fedpm", _foof(lr, damping, weight_decay, curvature_samples), sync=PersistLocal(),
-                     server=PreconditionedMix(mix_lora=mix_lora))
+                     server=ServerRule(PreconditionedMix(mix_lora=mix_lora), [Step()]))
 
 
 @ALGORITHMS.register("localnewton")
@@ -198,7 +198,7 @@ def fed_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01, 
 def _fadam(name: str, position: str, lr, weight_decay, betas, eps, tracked_fraction, server_lr) -> Algorithm:
     opt = LocalOptimizer("amsgrad", {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps})
     return Algorithm(name, opt, correction=ParameterTracking(position, tracked_fraction), sync=PersistLocal(),
-                     server=Mean(server_lr))
+                     server=ServerRule(Mean(), [Step(server_lr)]))
 
 
 @ALGORITHMS.register("fadam_et")
@@ -235,4 +235,4 @@ def prefedopt(lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0
     covariance preconditioner on the server: x <- x + eta_g D / sqrt(P + tau) with D the per-step mean update
     (sign and momentum typos fixed, ALGORITHMS.md 5.12). Sends 1 | 1."""
     opt = LocalOptimizer("sgd", {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
-    return Algorithm("prefedopt", opt, server=CovarianceServer(server_lr, beta1, beta2, tau))
+    return Algorithm("prefedopt", opt, server=ServerRule(Mean(), [CovarianceServer(server_lr, beta1, beta2, tau)]))

@@ -9,17 +9,23 @@ broadcasts). Where the hooks sit in a local step::
     optimizer.step()
     correction.after_step(ctx)          # "after preconditioning": rewrites the update (FedPAC/FedMuon mixing)
 
-Because the hooks only touch ``p.grad`` and ``p``, every correction works with every optimizer.
+Because the hooks only touch ``p.grad`` and ``p``, every correction works with every optimizer. At the end of
+the round ``client_end`` returns the correction's message (a value; the trainer namespaces it ``correction.``);
+``server_update`` reads the sums of those messages in ``ctx.sums``.
 """
 
 from __future__ import annotations
 
+from abc import ABC
+
 from ..context import ClientContext, ServerContext
+from ..message import Message
 from ..params import TensorDict
 
 
-class Correction:
-    """No correction. Subclasses override only the hooks they need."""
+class Correction(ABC):
+    """The correction protocol, and itself "no correction": every hook is a no-op. Subclasses override only the
+    hooks they need."""
 
     name = "none"
     #: The local optimizer runs at ``lr_scale * eta_r`` (global-direction mixing uses 1 - beta).
@@ -38,8 +44,9 @@ class Correction:
     def after_step(self, ctx: ClientContext) -> None:
         pass
 
-    def client_end(self, ctx: ClientContext) -> None:
-        """Send what the server half needs with ``ctx.send`` (the model change itself is sent by the trainer)."""
+    def client_end(self, ctx: ClientContext) -> Message:
+        """What the server half needs from this client (the model change itself is sent by the trainer)."""
+        return Message()
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         return state

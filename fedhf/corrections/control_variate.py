@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..context import ClientContext, ServerContext
+from ..message import Message
 from ..params import TensorDict
 from .base import Correction
 
@@ -41,15 +42,15 @@ class ControlVariate(Correction):
                 p.grad.add_(ctx.scratch["shift"][name].to(p.grad.dtype))
 
     @torch.no_grad()
-    def client_end(self, ctx: ClientContext) -> None:
+    def client_end(self, ctx: ClientContext) -> Message:
         c_i = ctx.scratch["c_i"]
         scale = 1.0 / (ctx.local_steps * ctx.local_lr)
         new_c_i = {
             n: c_i[n] - ctx.server_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
             for n, p in ctx.params.items()
         }
-        ctx.send("dc", {n: new_c_i[n] - c_i[n] for n in new_c_i})  # unweighted: the server divides by N
         ctx.store.put(ctx.client_id, "scaffold_c", new_c_i)
+        return Message().put("dc", {n: new_c_i[n] - c_i[n] for n in new_c_i})  # unweighted: the server divides by N
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         dc = ctx.sums.tensors("dc", ctx.global_params)

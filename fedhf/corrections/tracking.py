@@ -37,6 +37,7 @@ from typing import Sequence
 import torch
 
 from ..context import ClientContext, ServerContext
+from ..message import Message
 from ..params import TensorDict
 from .base import Correction
 
@@ -95,9 +96,9 @@ class ParameterTracking(Correction):
             p.add_(ctx.scratch["shift"][name].to(p.dtype), alpha=-ctx.local_lr)
 
     @torch.no_grad()
-    def client_end(self, ctx: ClientContext) -> None:
+    def client_end(self, ctx: ClientContext) -> Message:
         if not ctx.scratch["tracked"]:
-            return  # outside Y_r: sends nothing and keeps y_i
+            return Message()  # outside Y_r: sends nothing and keeps y_i
         y_i, K = ctx.scratch["y_i"], ctx.local_steps
         if self.position == "after":
             scale = 1.0 / (ctx.local_lr * K)
@@ -106,12 +107,14 @@ class ParameterTracking(Correction):
                        for n, p in ctx.params.items()}
         else:
             new_y_i = {n: s / K for n, s in ctx.scratch["grad_sum"].items()}
-        ctx.send("dy", {n: new_y_i[n] - y_i[n] for n in new_y_i})  # unweighted: the server divides by N
-        ctx.sums.add("n_track", 1.0)
         ctx.store.put(ctx.client_id, STORE_KEY, new_y_i)
+        message = Message().put("dy", {n: new_y_i[n] - y_i[n] for n in new_y_i})  # unweighted: the server divides by N
+        return message.put_scalar("n_track", 1.0)
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         if ctx.num_clients < 1:
             raise ValueError("ParameterTracking needs ServerContext.num_clients (N) >= 1.")
+        if not ctx.sums.has("dy"):  # every tracked client of the round was excluded: y stays
+            return dict(state)
         dy = ctx.sums.tensors("dy", ctx.global_params)
         return {f"y.{n}": state[f"y.{n}"] + dy[n] / ctx.num_clients for n in ctx.global_params}

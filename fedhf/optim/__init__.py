@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Union
 import torch
 
 from ..registry import Registry
-from .base import FederatedOptimizer, ModelAccess, TensorDict, theta_key
+from .base import FederatedOptimizer, ModelAccess, OptimizerHooks, TensorDict, TorchOptimizer
 from .amsgrad import AMSGradNoBias
 from .covariance import CovarianceAdam
 from .foof import FOOF
@@ -107,32 +107,36 @@ class LocalOptimizer:
         return LocalOptimizer(self.optimizer, {**self.kwargs, **kept})
 
     @property
-    def imports_theta(self) -> bool:
-        """Whether its Theta can be warm-started (fedhf's own optimizers); torch.optim ones can only export."""
+    def federated(self) -> bool:
+        """One of fedhf's own optimizers (named parameters, a Theta that can be warm-started)."""
         return issubclass(self.cls, FederatedOptimizer)
 
-    def build(self, params: Dict[str, torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    @property
+    def imports_theta(self) -> bool:
+        """Whether its Theta can be warm-started (fedhf's own optimizers); torch.optim ones can only export."""
+        return self.federated and self.cls.imports_theta
+
+    @property
+    def exports_preconditioners(self) -> bool:
+        return self.federated and self.cls.exports_preconditioners
+
+    def build(self, params: Dict[str, torch.nn.Parameter], lr: float) -> OptimizerHooks:
+        """The optimizer for one client round, behind the :class:`OptimizerHooks` protocol."""
         kwargs = {**self.kwargs, "lr": lr}
-        cls = self.cls
-        if getattr(cls, "accepts_named_params", False):
-            return cls(list(params.items()), **kwargs)
-        optimizer = cls(list(params.values()), **kwargs)
-        optimizer.param_names = {p: name for name, p in params.items()}
-        return optimizer
+        if self.federated:
+            return self.cls(list(params.items()), **kwargs)
+        return TorchOptimizer(self.cls(list(params.values()), **kwargs), {p: name for name, p in params.items()},
+                              TORCH_THETA_KEYS.get(self.cls, ()))
 
 
 #: Theta of torch.optim classes, exported for the drift metric only (ALGORITHMS.md 2.15: AdamW -> v).
 TORCH_THETA_KEYS = {torch.optim.AdamW: ("exp_avg_sq",), torch.optim.Adam: ("exp_avg_sq",)}
 
 
-def export_theta(optimizer: torch.optim.Optimizer) -> TensorDict:
-    if isinstance(optimizer, FederatedOptimizer):
-        return optimizer.export_theta()
-    names = getattr(optimizer, "param_names", {})
-    return {theta_key(key, names[p]): state[key].detach().float().clone()
-            for key in TORCH_THETA_KEYS.get(type(optimizer), ()) for p, state in optimizer.state.items()
-            if key in state and p in names}
+def export_theta(optimizer: OptimizerHooks) -> TensorDict:
+    return optimizer.export_theta()
 
 
 __all__ = ["FOOF", "LOCAL_OPTIMIZERS", "SOAP", "AMSGradNoBias", "CovarianceAdam", "FederatedOptimizer", "LocalOptimizer",
-           "ModelAccess", "MuonAdamW", "Sophia", "export_theta", "resolve_optimizer_class"]
+           "ModelAccess", "MuonAdamW", "OptimizerHooks", "Sophia", "TorchOptimizer", "export_theta",
+           "resolve_optimizer_class"]

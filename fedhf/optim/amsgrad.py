@@ -24,15 +24,17 @@ from typing import Mapping, Optional, Tuple
 
 import torch
 
+from ..theta import NONNEGATIVE
+from ..updates import adaptive_moments_
 from .base import FederatedOptimizer, NamedParams, split_theta_key
 
 
 @torch.no_grad()
 def amsgrad_no_bias_direction(grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
                               v_hat: Optional[torch.Tensor], beta1: float, beta2: float, eps: float) -> torch.Tensor:
-    """Update m, v (and v_hat, if given) in place; return A = m / (sqrt(v_hat) + eps), v_hat = v without AMSGrad."""
-    m.mul_(beta1).add_(grad, alpha=1 - beta1)
-    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    """Update m, v (and v_hat, if given) in place; return A = m / (sqrt(v_hat) + eps), v_hat = v without AMSGrad.
+    The moments are the server FedAdam's (:func:`fedhf.updates.adaptive_moments_`)."""
+    adaptive_moments_(grad, m, v, beta1, beta2, "adam")
     if v_hat is None:
         v_hat = v
     else:
@@ -45,6 +47,8 @@ class AMSGradNoBias(FederatedOptimizer):
 
     Defaults are FAdam's (sec. 6.1): lr 1e-3, betas (0.9, 0.99), eps 1e-8, weight decay 1e-8.
     """
+
+    theta_kinds = {"exp_avg_sq": NONNEGATIVE, "max_exp_avg_sq": NONNEGATIVE}
 
     def __init__(self, params: NamedParams, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.99),
                  eps: float = 1e-8, weight_decay: float = 1e-8, amsgrad: bool = True) -> None:

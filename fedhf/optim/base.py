@@ -11,8 +11,11 @@ Theta is a flat dict of tensors keyed ``"<state key>:<parameter name>"`` (for ex
 ``"momentum_buffer:model.layer.0.lora_A.default.weight"``), so it sums, averages and checkpoints like any other
 named tensors. ``import_theta(export_theta())`` is the identity.
 
-Optimizers that need the model (Sophia's sampled-label backward, FOOF's layer inputs) say ``needs_model = True``
-and receive a :class:`ModelAccess` from the trainer through :meth:`attach` -- never through globals.
+The protocol of the local-optimizer axis is :class:`OptimizerHooks`: what the trainer calls on every local
+optimizer, each with a no-op default. fedhf's own optimizers (:class:`FederatedOptimizer`) and ``torch.optim``
+ones (wrapped in :class:`TorchOptimizer`) both implement it, so the trainer has no special case. Every optimizer
+receives a :class:`ModelAccess` through :meth:`OptimizerHooks.attach` (Sophia's sampled-label backward and FOOF's
+layer inputs use it) -- never through globals.
 """
 
 from __future__ import annotations
@@ -22,17 +25,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Tuple
 
 import torch
 
+from ..theta import GENERAL, NONNEGATIVE, split_theta_key, theta_key  # noqa: F401  (theta_key re-exported)
+
 TensorDict = Dict[str, torch.Tensor]
 NamedParams = Iterable[Union[torch.Tensor, Tuple[str, torch.Tensor]]]
-
-
-def theta_key(state_key: str, param_name: str) -> str:
-    return f"{state_key}:{param_name}"
-
-
-def split_theta_key(key: str) -> Tuple[str, str]:
-    state_key, _, param_name = key.partition(":")
-    return state_key, param_name
 
 
 @dataclass
@@ -51,14 +47,60 @@ class ModelAccess:
     batches: Callable[[], Iterator[Mapping[str, Any]]]
 
 
-class FederatedOptimizer(torch.optim.Optimizer):
+class OptimizerHooks:
+    """The local-optimizer protocol: what the trainer calls around ``step``/``zero_grad``, with no-op defaults.
+
+    ``theta_kinds`` declares the structure of each Theta state key (:mod:`fedhf.theta`: symmetric PSD,
+    non-negative, general -- the default), beside the keys; compression and drift read it via :meth:`theta_kind`.
+    """
+
+    #: A warm start of Theta is possible (state-sync rules that import Theta need it).
+    imports_theta = False
+    #: :meth:`preconditioners` returns something (FedPM's preconditioned mixing needs it).
+    exports_preconditioners = False
+    #: The structure of each Theta state key; absent keys are general.
+    theta_kinds: Mapping[str, str] = {}
+
+    def export_theta(self) -> TensorDict:
+        """Theta as named tensors (a copy); ``{}`` for an optimizer without one."""
+        return {}
+
+    def import_theta(self, theta: Mapping[str, torch.Tensor]) -> None:
+        if theta:
+            raise KeyError(f"{type(self).__name__} cannot import Theta (got {sorted(theta)[:3]}...)")
+
+    @classmethod
+    def theta_kind(cls, state_key: str) -> str:
+        return cls.theta_kinds.get(state_key, GENERAL)
+
+    def theta_structure(self, theta: Mapping[str, torch.Tensor]) -> Dict[str, str]:
+        """The kind of every entry of ``theta`` (as exported by this optimizer)."""
+        return {key: self.theta_kind(split_theta_key(key)[0]) for key in theta}
+
+    def preconditioners(self) -> TensorDict:
+        """Per weight name, the matrix P the optimizer right-multiplies that weight's (bias-augmented) gradient
+        by the inverse of, at the end of the round (FOOF: A + lambda I). ``{}`` for most optimizers."""
+        return {}
+
+    def attach(self, access: ModelAccess) -> None:
+        """Called by the trainer right after building, with the model-aware part of the client round."""
+
+    def before_forward(self, step: int, batch: Mapping[str, Any]) -> None:
+        """Called before the forward/backward of local step ``step`` (0-based) with its batch, while ``.grad``
+        is empty: the place for curvature estimates that need their own backward pass."""
+
+    def end_round(self) -> None:
+        """Called after the last local step, before Theta is exported (FOOF refreshes its statistics here)."""
+
+
+class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
     """Base of fedhf's own optimizers. Subclasses set ``theta_keys`` (per-parameter state keys forming Theta) or
     override :meth:`export_theta`/:meth:`import_theta`, and initialise state lazily *key by key* so an imported
     Theta survives the first step."""
 
-    accepts_named_params = True
     theta_keys: Tuple[str, ...] = ()
-    needs_model = False
+    imports_theta = True
+    needs_model = False  # documentation for tests and readers: the trainer attaches every optimizer
 
     def __init__(self, params: NamedParams, defaults: Dict[str, Any]) -> None:
         named = [(item if isinstance(item, tuple) else (f"param{i}", item)) for i, item in enumerate(params)]
@@ -113,12 +155,40 @@ class FederatedOptimizer(torch.optim.Optimizer):
 
     # ---------------------------------------------------------------- model-aware hooks
     def attach(self, access: ModelAccess) -> None:
-        """Called by the trainer right after building, when ``needs_model`` is True."""
         self.model_access = access
 
-    def before_forward(self, step: int, batch: Mapping[str, Any]) -> None:
-        """Called before the forward/backward of local step ``step`` (0-based) with its batch, while ``.grad``
-        is empty: the place for curvature estimates that need their own backward pass."""
 
-    def end_round(self) -> None:
-        """Called after the last local step, before Theta is exported (FOOF refreshes its statistics here)."""
+class TorchOptimizer(OptimizerHooks):
+    """A ``torch.optim`` optimizer behind the protocol: it steps as itself; its Theta (``theta_keys`` per state,
+    ALGORITHMS.md 2.15: AdamW -> v) is exported for the drift metric only -- it cannot be warm-started."""
+
+    theta_kinds = {"exp_avg_sq": NONNEGATIVE}
+
+    def __init__(self, optimizer: torch.optim.Optimizer, param_names: Mapping[torch.Tensor, str],
+                 theta_keys: Tuple[str, ...] = ()) -> None:
+        self.optimizer, self.param_names, self.theta_keys = optimizer, dict(param_names), tuple(theta_keys)
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def export_theta(self) -> TensorDict:
+        return {theta_key(key, self.param_names[p]): state[key].detach().float().clone()
+                for key in self.theta_keys for p, state in self.optimizer.state.items()
+                if key in state and p in self.param_names}

@@ -20,16 +20,17 @@ from typing import Tuple
 
 import torch
 
+from ..theta import NONNEGATIVE
+from ..updates import covariance_moments_
 from .base import FederatedOptimizer, NamedParams
 
 
 @torch.no_grad()
 def covariance_direction(grad: torch.Tensor, m: torch.Tensor, P: torch.Tensor, beta1: float, beta2: float,
                          tau: float) -> torch.Tensor:
-    """Update m and P in place; return the direction m / sqrt(P + tau)."""
-    m.mul_(beta1).add_(grad, alpha=1 - beta1)
-    deviation = grad - m
-    P.mul_(beta2).addcmul_(deviation, deviation, value=1 - beta2)
+    """Update m and P in place (the server PreFedOpt's moments, :func:`fedhf.updates.covariance_moments_`); return
+    the direction m / sqrt(P + tau)."""
+    covariance_moments_(grad, m, P, beta1, beta2)
     return m / (P + tau).sqrt()
 
 
@@ -38,6 +39,7 @@ class CovarianceAdam(FederatedOptimizer):
     like the Adam-type baselines), betas (0.9, 0.9) and tau 1e-3 (paper sec. 6), no weight decay."""
 
     theta_keys = ("P",)
+    theta_kinds = {"P": NONNEGATIVE}
 
     def __init__(self, params: NamedParams, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.9),
                  tau: float = 1e-3, weight_decay: float = 0.0) -> None:

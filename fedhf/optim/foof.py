@@ -35,16 +35,12 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .base import FederatedOptimizer, NamedParams
+from ..params import augment
+from ..theta import SYMMETRIC_PSD
+from .base import FederatedOptimizer, NamedParams, TensorDict, theta_key
 
 
 # ---------------------------------------------------------------- the math
-def augment(matrix: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """[M | b]: a weight-shaped tensor as (out, in) (conv filters flattened), the bias as one more column."""
-    flat = matrix.reshape(matrix.shape[0], -1)
-    return flat if bias is None else torch.cat([flat, bias.reshape(-1, 1).to(flat.dtype)], dim=1)
-
-
 def input_covariance(inputs: torch.Tensor, homogeneous: bool,
                      weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(sum_n w_n a_n a_n^T, sum_n w_n) in float64 for rows a_n of ``inputs`` (n, in); a_n gets a trailing 1 when
@@ -123,7 +119,9 @@ class FOOF(FederatedOptimizer):
     """
 
     theta_keys = ("A",)
+    theta_kinds = {"A": SYMMETRIC_PSD}
     needs_model = True
+    exports_preconditioners = True
 
     def __init__(self, params: NamedParams, lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4,
                  curvature_samples: Optional[int] = None) -> None:
@@ -159,6 +157,19 @@ class FOOF(FederatedOptimizer):
     def layers(self) -> List[Tuple[str, Optional[str]]]:
         """(weight name, bias name or None) per FOOF layer; a bias is named when it is folded into A."""
         return [(layer.weight_name, layer.bias_name) for layer in self.foof_layers()]
+
+    def preconditioners(self) -> TensorDict:
+        """P = A + lambda I (float64) per FOOF layer's weight name, from Theta: the matrix FedPM mixes with. When
+        the layer's bias is folded in, P is one larger than the weight's inputs (the homogeneous coordinate)."""
+        theta = self.export_theta()
+        out = {}
+        for weight_name, _ in self.layers():
+            A = theta.get(theta_key("A", weight_name))
+            if A is None:
+                raise RuntimeError(f"FOOF has no A for {weight_name!r}: call end_round() before preconditioners().")
+            out[weight_name] = A.to(torch.float64) + self.damping * torch.eye(A.shape[0], dtype=torch.float64,
+                                                                              device=A.device)
+        return out
 
     # ------------------------------------------------------------ curvature
     def _curvature_batches(self) -> Iterator[Mapping[str, Any]]:

@@ -37,6 +37,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from ..theta import GENERAL, SYMMETRIC_PSD
 from .base import FederatedOptimizer, NamedParams, TensorDict, split_theta_key, theta_key
 
 Bases = Sequence[Optional[torch.Tensor]]  # one entry per tensor dimension; None = identity (no factor)
@@ -197,6 +198,10 @@ class SOAP(FederatedOptimizer):
                 state[f"Q{d}"] = basis
 
     # ---------------------------------------------------------------- Theta = the factors
+    @classmethod
+    def theta_kind(cls, state_key: str) -> str:
+        return SYMMETRIC_PSD if _FACTOR_KEY.fullmatch(state_key) else GENERAL  # L = GG0, R = GG1, ...
+
     def export_theta(self) -> TensorDict:
         out = {}
         for name, p in self.named_params():

@@ -34,6 +34,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..theta import NONNEGATIVE
 from .base import FederatedOptimizer, NamedParams
 
 HESSIAN_ESTIMATORS = ("gnb", "hutchinson", "empirical_fisher")
@@ -164,6 +165,7 @@ class Sophia(FederatedOptimizer):
     """
 
     theta_keys = ("hessian",)
+    theta_kinds = {"hessian": NONNEGATIVE}  # a negative h would flip the sign of Sophia's step
     needs_model = True
 
     def __init__(self, params: NamedParams, lr: float = 1e-4, betas: Tuple[float, float] = (0.965, 0.99),

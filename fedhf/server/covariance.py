@@ -11,31 +11,25 @@ Clients run plain local SGD; the server treats the per-step average model change
 m^0 = P^0 = 0. Two typos of the paper's listing are fixed (ALGORITHMS.md 5.12): its m update reads
 "(b1 - 1)(D_t - m_{t-1})", taken as the usual EMA, and its "-" before eta would ascend since Delta = w_K - w_t,
 so the step is "+". The numerator is D, not m, as written (the SDProp form): m only centres the variance.
+The moments are the local PreFed optimizer's (:func:`fedhf.updates.covariance_moments_`, one function for both).
 Defaults: eta 0.05 (the server step of the experiments, sec. 6; the Alg. 3 header says 0.002), b1 = b2 = 0.9
 (experiments), tau 1e-3.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
 from ..context import ServerContext
 from ..params import TensorDict
+from ..updates import covariance_moments_
+from .base import ServerTransform
 
 
-def covariance_server_update(x: torch.Tensor, m: torch.Tensor, P: torch.Tensor, step_delta: torch.Tensor, *,
-                             lr: float, beta1: float, beta2: float, tau: float):
-    """One PreFedOpt update from the per-step mean change ``step_delta``; returns (x, m, P)."""
-    m = beta1 * m + (1 - beta1) * step_delta
-    P = beta2 * P + (1 - beta2) * (step_delta - m) ** 2
-    return x + lr * step_delta / (P + tau).sqrt(), m, P
-
-
-class CovarianceServer:
+class CovarianceServer(ServerTransform):
     name = "prefedopt"
-    needs_context = True  # D is divided by the local steps K, which only the round's context knows
 
     def __init__(self, lr: float = 0.05, beta1: float = 0.9, beta2: float = 0.9, tau: float = 1e-3) -> None:
         if lr <= 0:
@@ -54,17 +48,13 @@ class CovarianceServer:
             state[f"P.{n}"] = torch.zeros_like(t)
         return state
 
-    def apply(self, x: TensorDict, mean_delta: TensorDict, state: TensorDict,
-              ctx: Optional[ServerContext] = None) -> Tuple[TensorDict, TensorDict]:
-        if ctx is None or ctx.local_steps < 1:
-            raise ValueError("PreFedOpt needs the round's ServerContext (ctx=) with local_steps >= 1.")
-        new_x, new_state = {}, {}
-        for n in x:
-            new_x[n], new_state[f"m.{n}"], new_state[f"P.{n}"] = covariance_server_update(
-                x[n], state[f"m.{n}"], state[f"P.{n}"], mean_delta[n] / ctx.local_steps,
-                lr=self.lr, beta1=self.beta1, beta2=self.beta2, tau=self.tau,
-            )
-        return new_x, new_state
-
-    def __repr__(self) -> str:
-        return f"CovarianceServer(lr={self.lr}, beta1={self.beta1}, beta2={self.beta2}, tau={self.tau})"
+    def step(self, direction: TensorDict, state: TensorDict, ctx: ServerContext) -> Tuple[TensorDict, TensorDict]:
+        if ctx.local_steps < 1:
+            raise ValueError("PreFedOpt divides by the round's local steps: the ServerContext needs local_steps >= 1.")
+        step, new_state = {}, {}
+        for n, d in direction.items():
+            D = d / ctx.local_steps
+            m, P = state[f"m.{n}"].clone(), state[f"P.{n}"].clone()
+            covariance_moments_(D, m, P, self.beta1, self.beta2)
+            step[n], new_state[f"m.{n}"], new_state[f"P.{n}"] = self.lr * D / (P + self.tau).sqrt(), m, P
+        return step, new_state

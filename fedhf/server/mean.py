@@ -1,25 +1,33 @@
-"""The plain server rule: x^{r+1} = x^r + eta_g * mean_i Delta_i (FedAvg, McMahan et al., 2017)."""
+"""The weighted mean of the client updates, and the plain server step: together FedAvg's server,
+x^{r+1} = x^r + eta_g * mean_i Delta_i (McMahan et al., 2017)."""
 
 from __future__ import annotations
 
 from typing import Tuple
 
+from ..context import ServerContext
 from ..params import TensorDict
+from .base import Aggregator, ServerTransform
 
 
-class Mean:
+class Mean(Aggregator):
+    """D = sum_i w_i Delta_i / sum_i w_i (a sum: one all-reduce)."""
+
     name = "mean"
+
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        return dict(ctx.mean_delta)
+
+
+class Step(ServerTransform):
+    """step = eta_g D."""
+
+    name = "lr"
 
     def __init__(self, lr: float = 1.0) -> None:
         if lr <= 0:
             raise ValueError(f"`server_rule_kwargs.lr` must be > 0, got {lr}.")
         self.lr = float(lr)
 
-    def init(self, global_params: TensorDict) -> TensorDict:
-        return {}
-
-    def apply(self, x: TensorDict, mean_delta: TensorDict, state: TensorDict) -> Tuple[TensorDict, TensorDict]:
-        return {n: x[n] + self.lr * mean_delta[n] for n in x}, state
-
-    def __repr__(self) -> str:
-        return f"Mean(lr={self.lr})"
+    def step(self, direction: TensorDict, state: TensorDict, ctx: ServerContext) -> Tuple[TensorDict, TensorDict]:
+        return {n: self.lr * d for n, d in direction.items()}, state

@@ -5,8 +5,10 @@ preconditioned by its own P_i and mixing the results with those same preconditio
 
     x^{r+1} = (sum_j w_j P_j)^{-1} sum_i w_i P_i x_i^K  =  x^r + (sum_j w_j P_j)^{-1} sum_i w_i P_i Delta_i
 
-(the delta form, used numerically). With FOOF (:mod:`fedhf.optim.foof`) P_i = (A_i + lambda I) acts on the right
-of each layer's W_aug = [W | b], so per FOOF layer
+(the delta form, used numerically). The client's P_i come from its local optimizer's declared
+:meth:`~fedhf.optim.base.OptimizerHooks.preconditioners` (no import of the optimizer here). With FOOF
+(:mod:`fedhf.optim.foof`) P_i = (A_i + lambda I) acts on the right of each layer's W_aug = [W | b] (one row more
+than W's inputs when the bias is folded in), so per FOOF layer
 
     W_aug^{r+1} = W_aug^r + [sum_i w_i Delta_aug_i (A_i + lambda I)] [sum_j w_j (A_j + lambda I)]^{-1}
 
@@ -19,18 +21,18 @@ LoRA, and ALGORITHMS.md 6 makes FedAvg mixing the default for them; ``server_rul
 them like any FOOF layer (their clients still step with FOOF either way). Their P is then not sent.
 
 Both halves are sums over participants (reduce keys ``P.<weight name>`` and ``PD.<weight name>``, ALGORITHMS.md
-4.2), so the rule all-reduces like every other; ``server_rule_kwargs.lr`` (eta_g, default 1) scales the step.
+4.2), so the rule all-reduces like every other. This is the aggregator; the step is the chain's (``lr``, eta_g,
+default 1, for the named ``preconditioned_mix`` rule).
 """
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 
-from ..optim.base import theta_key
-from ..optim.foof import FOOF, augment
-from ..params import TensorDict
+from ..context import ClientContext, ServerContext
+from ..message import Message
+from ..params import TensorDict, augment
+from .base import Aggregator
 
 
 def preconditioned_mix(delta_sum_P: torch.Tensor, P_sum: torch.Tensor) -> torch.Tensor:
@@ -49,69 +51,56 @@ def bias_name_of(weight_name: str) -> str:
     return weight_name[: -len("weight")] + "bias"
 
 
-class PreconditionedMix:
+class PreconditionedMix(Aggregator):
     name = "preconditioned_mix"
-    needs_context = True
-    requires_optimizer = FOOF  # checked when the algorithm is composed, before any work
+    needs_preconditioners = True  # checked when the algorithm is composed, before any work
 
-    def __init__(self, lr: float = 1.0, mix_lora: bool = False) -> None:
-        if lr <= 0:
-            raise ValueError(f"`server_rule_kwargs.lr` must be > 0, got {lr}.")
-        self.lr = float(lr)
+    def __init__(self, mix_lora: bool = False) -> None:
         self.mix_lora = bool(mix_lora)
 
-    def init(self, global_params: TensorDict) -> TensorDict:
-        return {}  # the server keeps x only
-
     # ------------------------------------------------------------ client half
-    def client_end(self, ctx, optimizer) -> None:
-        """Send P = A_i + lambda I and Delta_aug_i P per FOOF layer, each scaled by w_i.
+    def client_end(self, ctx: ClientContext, optimizer) -> Message:
+        """P = A_i + lambda I and Delta_aug_i P per preconditioned layer, each scaled by w_i.
 
         Only P goes over the wire in a real deployment -- its upper triangle, in(in+1)/2 floats: the server
         forms Delta_aug_i P_i from P and Delta_i, which the client already sends as ``dx``. The simulation
         sums the products here instead, because sum_i w_i Delta_i P_i is not a product of the sums; PD is
         therefore counted as 0 bytes.
         """
-        if not isinstance(optimizer, FOOF):
-            raise ValueError(f"The preconditioned_mix server rule (FedPM) mixes with the local FOOF matrices, but "
-                             f"the local optimizer is {type(optimizer).__name__}: set `local_optimizer=\"foof\"`, "
-                             "or choose another `server_rule`.")
-        theta = optimizer.export_theta()
-        for weight_name, bias_name in optimizer.layers():
+        preconditioners = optimizer.preconditioners()
+        if not preconditioners:
+            raise ValueError(f"The preconditioned_mix server rule (FedPM) mixes with the local optimizer's "
+                             f"preconditioners, but {type(optimizer).__name__} exports none: set "
+                             "`local_optimizer=\"foof\"`, or choose another `server_rule`.")
+        message = Message()
+        for weight_name, P in preconditioners.items():
             if is_lora(weight_name) and not self.mix_lora:
                 continue  # averaged like any non-FOOF tensor
-            A = theta.get(theta_key("A", weight_name))
-            if A is None:
-                raise RuntimeError(f"FOOF has no A for {weight_name!r}: call optimizer.end_round() before client_end.")
-            P = A.to(torch.float64) + optimizer.damping * torch.eye(A.shape[0], dtype=torch.float64,
-                                                                    device=A.device)
             delta = ctx.params[weight_name].detach().double() - ctx.global_params[weight_name].double()
-            bias_delta = None if bias_name is None else (ctx.params[bias_name].detach().double()
-                                                         - ctx.global_params[bias_name].double())
+            bias_name = bias_name_of(weight_name)
+            folded = P.shape[0] == delta[0].numel() + 1  # the homogeneous coordinate: the layer's bias
+            bias_delta = (ctx.params[bias_name].detach().double() - ctx.global_params[bias_name].double()
+                          if folded else None)
             n = P.shape[0]
-            ctx.send("P", {weight_name: P}, scale=ctx.weight, nbytes=n * (n + 1) // 2 * 4)
-            ctx.send("PD", {weight_name: augment(delta, bias_delta) @ P}, scale=ctx.weight, nbytes=0)
+            message.put("P", {weight_name: P}, scale=ctx.weight, nbytes=n * (n + 1) // 2 * 4)
+            message.put("PD", {weight_name: augment(delta, bias_delta) @ P}, scale=ctx.weight, nbytes=0)
+        return message
 
     # ------------------------------------------------------------ server half
-    def apply(self, x: TensorDict, mean_delta: TensorDict, state: TensorDict, ctx=None) -> Tuple[TensorDict, TensorDict]:
-        if ctx is None:
-            raise ValueError("The preconditioned_mix server rule needs the round's sums (ctx=ServerContext).")
-        sums = ctx.sums
-        # (no P at all -- a LoRA-only model without mix_lora -- is FedAvg; client_end has checked for FOOF)
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        sums, x = ctx.sums, ctx.global_params
+        # (no P at all -- a LoRA-only model without mix_lora -- is FedAvg)
         layers = sorted(key[len("P."):] for key in sums.keys() if key.startswith("P."))
-        new_x = {n: x[n] + self.lr * mean_delta[n] for n in x}  # non-FOOF and LoRA tensors: the plain mean
+        direction = dict(ctx.mean_delta)  # non-FOOF and LoRA tensors: the plain mean
         for weight_name in layers:
             W = x[weight_name]
             step = preconditioned_mix(sums.get(f"PD.{weight_name}"), sums.get(f"P.{weight_name}"))
             cols = W[0].numel()
-            new_x[weight_name] = W + self.lr * step[:, :cols].reshape(W.shape).to(W)
+            direction[weight_name] = step[:, :cols].reshape(W.shape).to(W)
             if step.shape[1] == cols + 1:  # the homogeneous coordinate: the layer's bias
                 bias_name = bias_name_of(weight_name)
                 if bias_name not in x:
                     raise ValueError(f"FOOF layer {weight_name!r} has a folded bias but {bias_name!r} is not a "
                                      "trainable tensor of the global model.")
-                new_x[bias_name] = x[bias_name] + self.lr * step[:, cols].to(x[bias_name])
-        return new_x, state
-
-    def __repr__(self) -> str:
-        return f"PreconditionedMix(lr={self.lr}, mix_lora={self.mix_lora})"
+                direction[bias_name] = step[:, cols].to(x[bias_name])
+        return direction

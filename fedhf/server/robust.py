@@ -11,11 +11,11 @@ moves only within the range of the honest values as long as f < S / 2, and the t
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
-
 import torch
 
+from ..context import ServerContext
 from ..params import TensorDict
+from .base import Aggregator
 
 
 def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
@@ -34,30 +34,26 @@ def trimmed_mean(stacked: torch.Tensor, trim_fraction: float) -> torch.Tensor:
     return stacked.sort(dim=0).values[k:n - k].mean(dim=0)
 
 
-class RobustAggregator:
+class RobustAggregator(Aggregator):
     gathers = True
 
-    def __init__(self, kind: str, lr: float = 1.0, trim_fraction: float = 0.1) -> None:
+    def __init__(self, kind: str, trim_fraction: float = 0.1) -> None:
         if kind not in ("median", "trimmed_mean"):
             raise ValueError(f"Unknown robust aggregator {kind!r}; choose 'median' or 'trimmed_mean'.")
         if not 0.0 <= trim_fraction < 0.5:
             raise ValueError(f"`server_rule_kwargs.trim_fraction` must be in [0, 0.5), got {trim_fraction}.")
-        self.name, self.kind, self.lr, self.trim_fraction = kind, kind, float(lr), float(trim_fraction)
+        self.name, self.kind, self.trim_fraction = kind, kind, float(trim_fraction)
 
-    def init(self, global_params: TensorDict) -> TensorDict:
-        return {}
-
-    def apply(self, x: TensorDict, mean_delta: TensorDict, state: TensorDict,
-              gathered: Optional[List[TensorDict]] = None) -> Tuple[TensorDict, TensorDict]:
-        if not gathered:
-            raise ValueError(f"The {self.kind} aggregator needs the gathered client updates.")
-        new_x = {}
-        for name in x:
-            stacked = torch.stack([delta[name] for delta in gathered])
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        if not ctx.gathered:
+            raise ValueError(f"The {self.kind} aggregator needs the gathered client updates (ServerContext.gathered).")
+        out = {}
+        for name, ref in ctx.global_params.items():
+            stacked = torch.stack([delta[name] for delta in ctx.gathered])
             robust = coordinate_median(stacked) if self.kind == "median" else trimmed_mean(stacked, self.trim_fraction)
-            new_x[name] = x[name] + self.lr * robust.to(x[name].dtype)
-        return new_x, state
+            out[name] = robust.to(ref.dtype)
+        return out
 
     def __repr__(self) -> str:
         extra = f", trim_fraction={self.trim_fraction}" if self.kind == "trimmed_mean" else ""
-        return f"RobustAggregator(kind={self.kind!r}, lr={self.lr}{extra})"
+        return f"RobustAggregator(kind={self.kind!r}{extra})"

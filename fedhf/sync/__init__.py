@@ -2,7 +2,6 @@
 
 from ..registry import Registry
 from .compressed import CompressedAverage, compression_rank, low_rank
-from .drift import drift, spectral_drift
 from .rules import AverageWarmstart, PersistLocal, Reset, StateSync
 
 STATE_SYNCS: Registry[type] = Registry("state sync", "state_sync")
@@ -12,4 +11,4 @@ STATE_SYNCS.register("average_warmstart")(AverageWarmstart)
 STATE_SYNCS.register("compressed_average")(CompressedAverage)
 
 __all__ = ["STATE_SYNCS", "AverageWarmstart", "CompressedAverage", "PersistLocal", "Reset", "StateSync",
-           "compression_rank", "drift", "low_rank", "spectral_drift"]
+           "compression_rank", "low_rank"]

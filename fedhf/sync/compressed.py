@@ -4,7 +4,8 @@
 Each client uploads, for every state tensor with ndim >= 2 reshaped to (m, n) = (shape[0], rest), a rank-r
 factorisation with r = max(1, floor(c m n / (m + n + 1))), so the upload is about a fraction c of the tensor;
 when r (m + n + 1) >= m n the factorisation would not be smaller and the tensor is sent dense (e.g. LoRA A of
-16 x 768 at c = 0.05). Kinds of state get the factorisation that keeps their structure:
+16 x 768 at c = 0.05). Kinds of state (declared by the optimizer beside its Theta keys, :mod:`fedhf.theta`) get
+the factorisation that keeps their structure:
 
 * general (Muon momentum): truncated SVD U_r diag(S_r) V_r^T, r (m + n + 1) floats;
 * symmetric PSD (SOAP's factors L, R): truncated eigendecomposition U_r diag(S_r) U_r^T, r (m + 1) floats,
@@ -19,36 +20,29 @@ reference code passes ``args.beta1`` as c (0.9 in its README commands); here c i
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Mapping, Optional, Tuple
 
 import torch
 
 from ..context import ClientContext
+from ..message import Message
 from ..params import TensorDict
+from ..theta import GENERAL, NONNEGATIVE, SYMMETRIC_PSD
 from .rules import AverageWarmstart, contribute
-
-KINDS = ("general", "symmetric", "nonnegative")
-#: The structure of each optimizer's Theta, by state key (digits stripped: SOAP's GG0, GG1, ...).
-STATE_KINDS = {"GG": "symmetric", "A": "symmetric", "hessian": "nonnegative", "exp_avg_sq": "nonnegative",
-               "max_exp_avg_sq": "nonnegative", "P": "nonnegative"}
-
-
-def state_kind(theta_key: str) -> str:
-    return STATE_KINDS.get(theta_key.partition(":")[0].rstrip("0123456789"), "general")
 
 
 def compression_rank(m: int, n: int, fraction: float) -> int:
     return max(1, math.floor(fraction * m * n / (m + n + 1)))
 
 
-def low_rank(tensor: torch.Tensor, fraction: float, kind: str = "general") -> Tuple[torch.Tensor, int]:
+def low_rank(tensor: torch.Tensor, fraction: float, kind: str = GENERAL) -> Tuple[torch.Tensor, int]:
     """(reconstruction, floats sent) of one state tensor under the rank rule above."""
     if tensor.ndim < 2:
         return tensor.clone(), tensor.numel()
     matrix = tensor.reshape(tensor.shape[0], -1).double()
     m, n = matrix.shape
     r = compression_rank(m, n, fraction)
-    if kind == "symmetric" and m == n:
+    if kind == SYMMETRIC_PSD and m == n:
         if r * (m + 1) >= m * n:
             return tensor.clone(), tensor.numel()
         values, vectors = torch.linalg.eigh(matrix)
@@ -59,7 +53,7 @@ def low_rank(tensor: torch.Tensor, fraction: float, kind: str = "general") -> Tu
         return tensor.clone(), tensor.numel()
     u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
     recon = (u[:, :r] * s[:r]) @ vh[:r]
-    if kind == "nonnegative":
+    if kind == NONNEGATIVE:
         recon = recon.clamp_min(0)
     return recon.to(tensor.dtype).reshape(tensor.shape), r * (m + n + 1)
 
@@ -75,9 +69,9 @@ class CompressedAverage(AverageWarmstart):
             raise ValueError(f"`state_sync_kwargs.fraction` must be in (0, 1), got {fraction}.")
         self.fraction = float(fraction)
 
-    def client_end(self, ctx: ClientContext, theta: TensorDict) -> None:
+    def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
         recon, floats = {}, 0
         for key, tensor in theta.items():
-            recon[key], sent = low_rank(tensor, self.fraction, state_kind(key))
+            recon[key], sent = low_rank(tensor, self.fraction, (kinds or {}).get(key, GENERAL))
             floats += sent
-        contribute(ctx, recon, counted=True, nbytes=4 * floats)
+        return contribute(ctx, recon, counted=True, nbytes=4 * floats)

@@ -8,36 +8,43 @@
 * ``compressed_average`` (:mod:`fedhf.sync.compressed`) -- the same with a low-rank upload.
 
 Only Theta moves; the rest of the optimizer state (first moments, eigenbases, counters) starts fresh every round.
-Every rule also contributes Theta_i and ||Theta_i||^2 to the round's sums so the drift metric Delta_D
+Every rule also contributes Theta_i and ||Theta_i||^2 to its message so the drift metric Delta_D
 (ALGORITHMS.md 2.15) can be computed for any algorithm that has a Theta; only rules that really upload Theta
 count its bytes.
+
+The protocol (:class:`StateSync`): ``client_begin(ctx, optimizer)`` may import Theta into the fresh optimizer;
+``client_end(ctx, theta, kinds)`` returns the client's message (``kinds``: the structure the optimizer declares
+for each Theta entry, :mod:`fedhf.theta`); ``server_update(state, ctx)`` returns what is broadcast next round.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from abc import ABC
+from typing import Mapping, Optional
 
 import torch
 
 from ..context import ClientContext, ServerContext
+from ..message import Message
 from ..params import TensorDict
 
 STORE_KEY = "optimizer_theta"
 
 
-def contribute(ctx: ClientContext, theta: TensorDict, counted: bool, nbytes: Optional[int] = None) -> None:
-    """Add w_i Theta_i and w_i ||Theta_i||^2 (per tensor) to the sums; count the upload only if ``counted``."""
+def contribute(ctx: ClientContext, theta: TensorDict, counted: bool, nbytes: Optional[int] = None) -> Message:
+    """w_i Theta_i, w_i ||Theta_i||^2 (per tensor) and w_i; the upload counts only if ``counted`` (else Theta is
+    a diagnostic for Delta_D that a real deployment would not send)."""
+    message = Message()
     if not theta:
-        return
-    if counted:
-        ctx.send("theta", theta, scale=ctx.weight, nbytes=nbytes)
-    else:  # a diagnostic for Delta_D: a real deployment would not send it
-        ctx.sums.add_tensors("theta", theta, ctx.weight)
-    ctx.sums.add_tensors("theta_sq", {k: t.double().pow(2).sum() for k, t in theta.items()}, ctx.weight)
+        return message
+    message.put("theta", theta, scale=ctx.weight, nbytes=nbytes if counted else 0)
+    message.put("theta_sq", {k: t.double().pow(2).sum() for k, t in theta.items()}, scale=ctx.weight, nbytes=0)
+    return message.put_scalar("w", ctx.weight)
 
 
-class StateSync:
-    """Base: no state moves. ``server_update`` returns what is broadcast next round (its bytes count as downlink)."""
+class StateSync(ABC):
+    """The state-sync protocol, and itself no state moving ("reset"). ``server_update`` returns what is broadcast
+    next round (its bytes count as downlink)."""
 
     name = "reset"
     imports_theta = False  # needs an optimizer that can import Theta
@@ -45,8 +52,8 @@ class StateSync:
     def client_begin(self, ctx: ClientContext, optimizer) -> None:
         pass
 
-    def client_end(self, ctx: ClientContext, theta: TensorDict) -> None:
-        contribute(ctx, theta, counted=False)
+    def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
+        return contribute(ctx, theta, counted=False)
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         return {}
@@ -69,9 +76,9 @@ class PersistLocal(StateSync):
         if theta:
             optimizer.import_theta(theta)
 
-    def client_end(self, ctx: ClientContext, theta: TensorDict) -> None:
-        contribute(ctx, theta, counted=False)
+    def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
         ctx.store.put(ctx.client_id, STORE_KEY, theta)
+        return contribute(ctx, theta, counted=False)
 
 
 class AverageWarmstart(StateSync):
@@ -82,8 +89,8 @@ class AverageWarmstart(StateSync):
         if ctx.sync_state:  # empty in round 0: a fresh optimizer
             optimizer.import_theta(ctx.sync_state)
 
-    def client_end(self, ctx: ClientContext, theta: TensorDict) -> None:
-        contribute(ctx, theta, counted=True)
+    def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
+        return contribute(ctx, theta, counted=True)
 
     @torch.no_grad()
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:

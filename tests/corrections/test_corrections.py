@@ -16,7 +16,7 @@ def _ctx(param, grad, global_value, server_state, store=None, lr=0.1, steps=2, c
     p.grad = torch.tensor(grad)
     return ClientContext(client_id=client_id, round=0, round_lr=lr, local_lr=lr, local_steps=steps, weight=1.0,
                          params={"w": p}, global_params={"w": torch.tensor(global_value)}, server_state=server_state,
-                         store=store or ClientStateStore(), sums=RoundSums())
+                         store=store or ClientStateStore())
 
 
 def test_proximal_adds_mu_times_distance_to_the_global_model():
@@ -33,11 +33,13 @@ def test_control_variate_client_half():
     cv.client_begin(ctx)
     cv.before_step(ctx)  # g - c_i + c
     assert ctx.params["w"].grad.tolist() == pytest.approx([1.0 - 0.2 + 0.1, 1.0 - 0.0 + 0.3])
-    cv.client_end(ctx)  # c_i+ = c_i - c + (x^r - x_K) / (K lr)
+    sent = cv.client_end(ctx)  # c_i+ = c_i - c + (x^r - x_K) / (K lr)
     new_c_i = [0.2 - 0.1 + (1.5 - 1.0) / 0.2, 0.0 - 0.3 + (0.5 - 1.0) / 0.2]
     assert store.get(3, "scaffold_c")["w"].tolist() == pytest.approx(new_c_i)
-    assert ctx.sums.tensors("dc", ctx.global_params)["w"].tolist() == pytest.approx([new_c_i[0] - 0.2, new_c_i[1]])
-    assert ctx.uplink_bytes == 2 * 4
+    sums = RoundSums()
+    sums.add_message(sent)
+    assert sums.tensors("dc", ctx.global_params)["w"].tolist() == pytest.approx([new_c_i[0] - 0.2, new_c_i[1]])
+    assert sent.nbytes == 2 * 4
 
 
 def test_control_variate_server_half_divides_by_the_population():

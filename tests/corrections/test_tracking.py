@@ -30,7 +30,7 @@ def _ctx(client_id=3, y=Y, y_i=Y_I, participants=PARTICIPANTS):
     p = torch.nn.Parameter(T(X0))
     return ClientContext(client_id=client_id, round=0, round_lr=1.0, local_lr=LR, local_steps=K, weight=1.0,
                          params={"w": p}, global_params={"w": T(X0)}, server_state={"y.w": T(y)},
-                         store=store, sums=RoundSums(), participants=participants, num_clients=10)
+                         store=store, participants=participants, num_clients=10)
 
 
 def _round(tracking, ctx, optimizer=None):
@@ -49,12 +49,14 @@ def _round(tracking, ctx, optimizer=None):
         directions.append((before - p.detach()) / ctx.local_lr)
         tracking.after_step(ctx)
         optimizer.zero_grad(set_to_none=True)
-    tracking.client_end(ctx)
+    ctx.scratch["sent"] = tracking.client_end(ctx)  # the client's message (a value)
     return seen, directions
 
 
 def _sent(ctx):
-    return ctx.sums.tensors("dy", ctx.global_params)["w"].tolist(), ctx.sums.scalar("n_track")
+    sums = RoundSums()
+    sums.add_message(ctx.scratch["sent"])
+    return sums.tensors("dy", ctx.global_params)["w"].tolist(), sums.scalar("n_track")
 
 
 def test_tracked_clients_are_a_prefix_of_the_sampling_order():
@@ -76,7 +78,7 @@ def test_estimate_tracking_shifts_the_update_and_refreshes_from_the_model_change
     assert ctx.store.get(3, "tracking_y")["w"].tolist() == pytest.approx(new_y_i, rel=1e-12, abs=1e-12)
     dy, n_track = _sent(ctx)
     assert dy == pytest.approx([new_y_i[j] - Y_I[j] for j in range(2)], rel=1e-12, abs=1e-12) and n_track == 1.0
-    assert ctx.uplink_bytes == 2 * 8  # two float64 values
+    assert ctx.scratch["sent"].nbytes == 2 * 8  # two float64 values
 
 
 def test_estimate_tracking_refresh_is_the_mean_adam_direction():
@@ -105,8 +107,8 @@ def test_gradient_tracking_corrects_the_gradient_and_refreshes_from_raw_gradient
 def test_clients_outside_the_tracked_subset_send_nothing_and_keep_y_i(position):
     ctx = _ctx(client_id=5)  # in S_r but not among the first half
     _round(ParameterTracking(position), ctx)
-    assert ctx.sums.scalar("n_track") == 0.0 and ctx.sums.tensors("dy", ctx.global_params)["w"].tolist() == [0, 0]
-    assert ctx.uplink_bytes == 0
+    assert ctx.scratch["sent"].tensors == {}  # no dy, no n_track
+    assert ctx.scratch["sent"].nbytes == 0
     assert ctx.store.get(5, "tracking_y")["w"].tolist() == Y_I
     # ... but it still trains with the correction
     shifted = [X0[j] - LR * sum(g[j] for g in GRADS) - K * LR * (Y[j] - Y_I[j]) for j in range(2)]

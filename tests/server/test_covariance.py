@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -50,10 +51,10 @@ def test_two_rounds_match_hand_computation(kwargs):
 def test_defaults_context_and_validation():
     rule = CovarianceServer()
     assert (rule.lr, rule.beta1, rule.beta2, rule.tau) == (0.05, 0.9, 0.9, 1e-3)
-    assert rule.needs_context and rule.name == "prefedopt"
+    assert rule.name == "prefedopt"
     x = {"w": torch.zeros(1)}
     with pytest.raises(ValueError, match="ServerContext"):
-        rule.apply(x, x, rule.init(x))
+        rule.apply(x, x, rule.init(x), dataclasses.replace(_ctx(x), local_steps=0))
     with pytest.raises(ValueError, match="tau"):
         CovarianceServer(tau=0)
     with pytest.raises(ValueError, match="beta2"):

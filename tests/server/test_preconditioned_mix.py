@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -11,10 +9,19 @@ from fedhf.aggregation import RoundSums
 from fedhf.context import ClientContext, ServerContext
 from fedhf.optim.base import ModelAccess
 from fedhf.optim.foof import FOOF, damped_cholesky, foof_direction
-from fedhf.params import snapshot
+from fedhf.optim import LocalOptimizer
+from fedhf.params import num_bytes, snapshot
+from fedhf.server import ServerRule, Step
 from fedhf.server.preconditioned_mix import PreconditionedMix, preconditioned_mix
 
 WEIGHTS = [1.0, 2.0, 3.0]
+
+
+def _mix(aggregator, x, mean_delta, sums):
+    """The named ``preconditioned_mix`` rule: the aggregator, then the plain step (eta_g = 1)."""
+    ctx = ServerContext(round=0, round_lr=1.0, local_steps=1, num_clients=3, sums=sums, global_params=x,
+                        mean_delta=mean_delta)
+    return ServerRule(aggregator, [Step()]).apply(x, {}, ctx)
 
 
 def _client_data(seed=0, d_in=4, d_out=2):
@@ -91,15 +98,15 @@ def test_foof_optimizer_and_server_rule_take_the_global_newton_step():
         optimizer = _one_foof_step(model, x0, {"x": a, "y": y}, damping=0.0)
         used_A.append(optimizer.export_theta()["A:weight"].double())
         ctx = ClientContext(client_id=0, round=0, round_lr=1.0, local_lr=1.0, local_steps=1, weight=w,
-                            params=params, global_params=x0, server_state={}, store=None, sums=sums)
-        ctx.send("dx", {n: p.detach() - x0[n] for n, p in params.items()}, scale=w)
-        rule.client_end(ctx, optimizer)
+                            params=params, global_params=x0, server_state={}, store=None)
+        dx = {n: p.detach() - x0[n] for n, p in params.items()}
+        sums.add_tensors("dx", dx, scale=w)
+        sent = rule.client_end(ctx, optimizer)
+        sums.add_message(sent)
         sums.add("w", w)
-        assert ctx.uplink_bytes == (2 * 4 + 2) * 8 + 5 * 6 // 2 * 4  # dx (float64 here) + the upper triangle of P
+        assert num_bytes(dx) + sent.nbytes == (2 * 4 + 2) * 8 + 5 * 6 // 2 * 4  # dx (float64 here) + P's triangle
     mean_delta = {n: t / sums.scalar("w") for n, t in sums.tensors("dx", x0).items()}
-    server_ctx = ServerContext(round=0, round_lr=1.0, local_steps=1, num_clients=3, sums=sums, global_params=x0,
-                               mean_delta=mean_delta)
-    new_x, _ = rule.apply(x0, mean_delta, rule.init(x0), ctx=server_ctx)
+    new_x, _ = _mix(rule, x0, mean_delta, sums)
     W1 = torch.cat([new_x["weight"], new_x["bias"][:, None]], 1)
     W0 = torch.cat([x0["weight"], x0["bias"][:, None]], 1)
     stats = [_stats(a, y) for a, y in data]
@@ -127,7 +134,7 @@ def test_identical_client_updates_are_returned_whatever_the_preconditioners():
          "norm.weight": torch.ones(3, dtype=torch.float64)}
     mean_delta = {"lin.weight": torch.zeros(2, 4, dtype=torch.float64), "lin.bias": torch.zeros(2, dtype=torch.float64),
                   "norm.weight": torch.full((3,), 0.25, dtype=torch.float64)}
-    new_x, state = PreconditionedMix().apply(x, mean_delta, {}, ctx=SimpleNamespace(sums=sums))
+    new_x, state = _mix(PreconditionedMix(), x, mean_delta, sums)
     torch.testing.assert_close(new_x["lin.weight"], x["lin.weight"] + delta[:, :4], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(new_x["lin.bias"], x["lin.bias"] + delta[:, 4], rtol=1e-12, atol=1e-12)
     assert torch.equal(new_x["norm.weight"], x["norm.weight"] + 0.25) and state == {}  # non-FOOF: plain mean
@@ -150,9 +157,9 @@ def test_clear_error_for_a_non_foof_optimizer():
     model = torch.nn.Linear(3, 2)
     ctx = ClientContext(client_id=0, round=0, round_lr=0.1, local_lr=0.1, local_steps=1, weight=1.0,
                         params=dict(model.named_parameters()), global_params=snapshot(dict(model.named_parameters())),
-                        server_state={}, store=None, sums=RoundSums())
+                        server_state={}, store=None)
     with pytest.raises(ValueError, match="local_optimizer"):
-        PreconditionedMix().client_end(ctx, torch.optim.SGD(model.parameters(), lr=0.1))
+        PreconditionedMix().client_end(ctx, LocalOptimizer("sgd").build(dict(model.named_parameters()), 0.1))
 
 
 class _HeadAndLoRA(torch.nn.Module):
@@ -179,14 +186,15 @@ def test_lora_tensors_are_averaged_unless_mix_lora(mix_lora):
     for w, (a, y) in zip(WEIGHTS, _client_data(2)):
         optimizer = _one_foof_step(model, x0, {"x": a, "y": y}, damping=0.1)
         ctx = ClientContext(client_id=0, round=0, round_lr=1.0, local_lr=1.0, local_steps=1, weight=w,
-                            params=params, global_params=x0, server_state={}, store=None, sums=sums)
-        rule.client_end(ctx, optimizer)
+                            params=params, global_params=x0, server_state={}, store=None)
+        sent = rule.client_end(ctx, optimizer)
+        sums.add_message(sent)
         sums.add("w", w)
         sums.add_tensors("dx", {n: p.detach() - x0[n] for n, p in params.items()}, scale=w)
-        assert ctx.uplink_bytes == (5 * 6 // 2 + (4 * 5 // 2 if mix_lora else 0)) * 4  # upper triangles of P
+        assert sent.nbytes == (5 * 6 // 2 + (4 * 5 // 2 if mix_lora else 0)) * 4  # upper triangles of P
     assert ("P." + lora in sums.keys()) == mix_lora and "P.head.weight" in sums.keys()
     mean_delta = {n: t / sums.scalar("w") for n, t in sums.tensors("dx", x0).items()}
-    new_x, _ = rule.apply(x0, mean_delta, {}, ctx=SimpleNamespace(sums=sums))
+    new_x, _ = _mix(rule, x0, mean_delta, sums)
     mixed = preconditioned_mix(sums.get("PD.head.weight"), sums.get("P.head.weight"))
     torch.testing.assert_close(new_x["head.weight"], x0["head.weight"] + mixed[:, :4], rtol=1e-12, atol=1e-12)
     averaged = x0[lora] + mean_delta[lora]

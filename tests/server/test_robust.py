@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhf.server import SERVER_RULES, Mean, RobustAggregator
+from fedhf.aggregation import RoundSums
+from fedhf.context import ServerContext
+from fedhf.server import SERVER_RULES, RobustAggregator, ServerRule, Step
 from fedhf.server.robust import coordinate_median, trimmed_mean
+
+
+def _ctx(x, mean, gathered=()):
+    return ServerContext(round=0, round_lr=0.1, local_steps=1, num_clients=7, sums=RoundSums(), global_params=x,
+                         mean_delta=mean, gathered=list(gathered))
 
 
 def test_median_and_trimmed_mean_by_hand():
@@ -23,13 +30,13 @@ def test_one_adversary_cannot_drag_the_model_away():
     attack = [{"w": torch.full((50,), 1e6)}]
     updates = honest + attack
     mean = {"w": torch.stack([u["w"] for u in updates]).mean(0)}
-    plain, _ = Mean().apply(x, mean, {})
+    plain, _ = SERVER_RULES.get("mean")().apply(x, {}, _ctx(x, mean))
     assert plain["w"].min() > 1e5  # the mean is hijacked
     lo = torch.stack([u["w"] for u in honest]).min(0).values
     hi = torch.stack([u["w"] for u in honest]).max(0).values
     for rule in (RobustAggregator("median"), RobustAggregator("trimmed_mean", trim_fraction=0.15)):
         assert rule.gathers
-        robust, _ = rule.apply(x, mean, {}, gathered=updates)
+        robust, _ = ServerRule(rule, [Step()]).apply(x, {}, _ctx(x, mean, updates))
         assert torch.all(robust["w"] >= lo) and torch.all(robust["w"] <= hi), rule
 
 
@@ -41,5 +48,5 @@ def test_trimming_everything_is_refused():
 
 
 def test_registered_as_server_rules():
-    assert SERVER_RULES.get("median")().kind == "median"
-    assert SERVER_RULES.get("trimmed_mean")(trim_fraction=0.2).trim_fraction == 0.2
+    assert SERVER_RULES.get("median")().aggregator.kind == "median"
+    assert SERVER_RULES.get("trimmed_mean")(trim_fraction=0.2).aggregator.trim_fraction == 0.2

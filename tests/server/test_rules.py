@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from fedhf.server import AdaptiveServer, Mean, ServerMomentum
+from fedhf.aggregation import RoundSums
+from fedhf.context import ServerContext
+from fedhf.server import AdaptiveServer, ServerMomentum, Step
 
 X0 = [1.0, -2.0, 0.5]
 DELTAS = [[0.1, -0.2, 0.0], [0.3, 0.05, -0.4], [-0.2, 0.1, 0.25]]
@@ -17,7 +19,9 @@ def _run(rule):
     x = {"w": torch.tensor(X0, dtype=torch.float64)}
     state = rule.init(x)
     for d in DELTAS:
-        x, state = rule.apply(x, {"w": torch.tensor(d, dtype=torch.float64)}, state)
+        ctx = ServerContext(round=0, round_lr=0.1, local_steps=1, num_clients=3, sums=RoundSums(), global_params=x,
+                            mean_delta={})
+        x, state = rule.apply(x, {"w": torch.tensor(d, dtype=torch.float64)}, state, ctx)
     return x["w"].tolist()
 
 
@@ -64,7 +68,7 @@ def test_momentum_matches_hand_computation():
 
 def test_mean_rule_is_server_lr_times_mean_delta():
     expected = [x + 2.0 * sum(d[j] for d in DELTAS) for j, x in enumerate(X0)]
-    assert _run(Mean(lr=2.0)) == pytest.approx(expected, rel=1e-12)
+    assert _run(Step(lr=2.0)) == pytest.approx(expected, rel=1e-12)  # the mean aggregator's D, times eta_g
 
 
 def test_bad_server_kwargs_are_refused():
@@ -72,3 +76,44 @@ def test_bad_server_kwargs_are_refused():
         AdaptiveServer("adam", tau=0)
     with pytest.raises(ValueError, match="beta"):
         ServerMomentum(beta=1.5)
+
+
+def test_median_then_momentum_matches_hand_computation():
+    """A chain: the coordinate-wise median of the round's updates, then server momentum (v <- b v + D; x += lr v)."""
+    from fedhf.server import build_server_rule
+
+    rule = build_server_rule("median+momentum", {"lr": 0.5, "beta": 0.8})
+    rounds = [[[0.1, -0.2], [0.3, 0.05], [-0.2, 0.1]], [[1.0, 0.0], [0.2, 0.4], [0.5, -0.3]]]
+    x = {"w": torch.tensor([1.0, -1.0], dtype=torch.float64)}
+    state = rule.init(x)
+    for updates in rounds:
+        gathered = [{"w": torch.tensor(u, dtype=torch.float64)} for u in updates]
+        ctx = ServerContext(round=0, round_lr=0.1, local_steps=1, num_clients=3, sums=RoundSums(), global_params=x,
+                            mean_delta={}, gathered=gathered)
+        x, state = rule.apply(x, state, ctx)
+    expected = []
+    for j, x0 in enumerate([1.0, -1.0]):
+        v, value = 0.0, x0
+        for updates in rounds:
+            median = sorted(u[j] for u in updates)[1]
+            v = 0.8 * v + median
+            value = value + 0.5 * v
+        expected.append(value)
+    assert x["w"].tolist() == pytest.approx(expected, rel=1e-12)
+    assert rule.gathers and rule.name == "median+momentum"
+
+
+def test_server_adam_and_local_amsgrad_share_one_update_function():
+    """FedAdam's moments are the local AMSGrad's (fedhf.updates.adaptive_moments_): the first server step from
+    D equals lr times the local Adam (amsgrad=False) direction from gradient D, with eps = tau and v^0 = tau^2."""
+    from fedhf.optim.amsgrad import amsgrad_no_bias_direction
+
+    d = torch.tensor([0.3, -0.1, 0.02], dtype=torch.float64)
+    rule = AdaptiveServer("adam", lr=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
+    x = {"w": torch.zeros(3, dtype=torch.float64)}
+    ctx = ServerContext(round=0, round_lr=0.1, local_steps=1, num_clients=1, sums=RoundSums(), global_params=x,
+                        mean_delta={})
+    new_x, _ = rule.apply(x, {"w": d}, rule.init(x), ctx)
+    m, v = torch.zeros(3, dtype=torch.float64), torch.full((3,), 1e-6, dtype=torch.float64)
+    local = amsgrad_no_bias_direction(d, m, v, None, 0.9, 0.99, 1e-3)
+    torch.testing.assert_close(new_x["w"], 0.1 * local, rtol=1e-14, atol=0.0)  # lr m / s vs lr (m / s): ulps

@@ -9,9 +9,9 @@ import torch
 from fedhf.aggregation import RoundSums
 from fedhf.context import ClientContext
 from fedhf.state import ClientStateStore
-from fedhf.sync import (AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, drift, low_rank,
-                        spectral_drift)
-from fedhf.sync.compressed import state_kind
+from fedhf.metrics import drift, spectral_drift
+from fedhf.sync import AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, low_rank
+from fedhf.optim import SOAP, Sophia
 
 
 def test_rank_rule_is_a_fraction_of_the_tensor_size():
@@ -50,20 +50,20 @@ def test_symmetric_factors_stay_psd_and_nonnegative_states_stay_nonnegative():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(200, 60, generator=g)
     factor = x.T @ x / 200  # SOAP's L: symmetric PSD
-    recon, floats = low_rank(factor, 0.1, state_kind("GG0:layer.weight"))
+    recon, floats = low_rank(factor, 0.1, SOAP.theta_kind("GG0"))
     assert floats == 2 * 61  # r = floor(0.1 * 3600 / 121) = 2, eigenvectors + eigenvalues
     assert torch.allclose(recon, recon.T, atol=1e-6) and torch.linalg.eigvalsh(recon.double()).min() > -1e-6
     # Sophia's h, sparse and non-negative: its rank-3 SVD (c = 0.15) has negative entries ...
     h = (torch.rand(40, 50, generator=g) > 0.8).float() * torch.rand(40, 50, generator=g)
     raw, _ = low_rank(h, 0.15, "general")
-    clamped, _ = low_rank(h, 0.15, state_kind("hessian:layer.weight"))
+    clamped, _ = low_rank(h, 0.15, Sophia.theta_kind("hessian"))
     assert raw.min() < 0 and clamped.min() >= 0  # ... which the clamp removes
     assert torch.equal(clamped, raw.clamp_min(0))
 
 
-def _ctx(sums, store=None, weight=1.0, client=0, sync_state=None):
+def _ctx(sums=None, store=None, weight=1.0, client=0, sync_state=None):
     return ClientContext(client_id=client, round=0, round_lr=0.1, local_lr=0.1, local_steps=1, weight=weight,
-                         params={}, global_params={}, server_state={}, store=ClientStateStore() if store is None else store, sums=sums,
+                         params={}, global_params={}, server_state={}, store=ClientStateStore() if store is None else store,
                          sync_state=sync_state or {})
 
 
@@ -71,8 +71,7 @@ def _contributed(thetas, weights):
     """The round's sums after each client contributed its Theta (Reset: drift diagnostics only) and weight."""
     sums = RoundSums()
     for theta, w in zip(thetas, weights):
-        Reset().client_end(_ctx(sums, weight=w), theta)
-        sums.add("w", w)
+        sums.add_message(Reset().client_end(_ctx(weight=w), theta))  # the message carries w
     return sums
 
 
@@ -119,14 +118,13 @@ def test_reset_uploads_nothing_average_warmstart_counts_theta_and_averages_it():
     theta = {"v:a": torch.ones(3)}
     sums = RoundSums()
     ctx = _ctx(sums)
-    Reset().client_end(ctx, theta)
-    assert ctx.uplink_bytes == 0  # a diagnostic contribution only
+    assert Reset().client_end(ctx, theta).nbytes == 0  # a diagnostic contribution only
     sums, rule = RoundSums(), AverageWarmstart()
     for w, value in ((1.0, 1.0), (3.0, 5.0)):
         ctx = _ctx(sums, weight=w)
-        rule.client_end(ctx, {"v:a": torch.full((3,), value)})
-        assert ctx.uplink_bytes == 12
-        sums.add("w", w)
+        sent = rule.client_end(ctx, {"v:a": torch.full((3,), value)})
+        assert sent.nbytes == 12
+        sums.add_message(sent)  # with its w
 
     class Server:
         pass
@@ -160,7 +158,8 @@ def test_warm_start_imports_only_when_there_is_something_to_import():
 def test_compressed_average_counts_the_factorised_bytes():
     sums = RoundSums()
     ctx = _ctx(sums)
-    CompressedAverage(0.05).client_end(ctx, {"momentum_buffer:w": torch.randn(64, 64), "hessian:b": torch.rand(64)})
-    assert ctx.uplink_bytes == 4 * (1 * (64 + 64 + 1) + 64)  # r = floor(0.05 * 4096 / 129) = 1; 1-D dense
+    theta = {"momentum_buffer:w": torch.randn(64, 64), "hessian:b": torch.rand(64)}
+    sent = CompressedAverage(0.05).client_end(ctx, theta, {"hessian:b": Sophia.theta_kind("hessian")})
+    assert sent.nbytes == 4 * (1 * (64 + 64 + 1) + 64)  # r = floor(0.05 * 4096 / 129) = 1; 1-D dense
     with pytest.raises(ValueError, match="fraction"):
         CompressedAverage(1.5)

@@ -1,0 +1,99 @@
+"""The server axis: an aggregator followed by a chain of transforms (ALGORITHMS.md 4.2).
+
+    D     = aggregator.aggregate(ctx)           mean, median, trimmed mean, preconditioned mixing
+    D     = transform.step(D, state, ctx)       for each transform in order: lr, momentum, adam/yogi/adagrad, ...
+    x^{r+1} = x^r + D
+
+so FedAdam is ``mean+adam`` and a robust FedAvgM is ``median+momentum``. Every part takes the same inputs: the
+round's :class:`fedhf.context.ServerContext` (with ``mean_delta``, the ``gathered`` updates when the aggregator
+gathers, and the sums of the server rule's own client messages). An aggregator may have a client half
+(:meth:`Aggregator.client_end`, FedPM's preconditioner upload), which returns a :class:`fedhf.message.Message`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence, Tuple
+
+from ..context import ClientContext, ServerContext
+from ..message import Message
+from ..params import TensorDict
+
+
+class Aggregator(ABC):
+    """How the round's client updates become one direction D."""
+
+    name = "aggregator"
+    #: Needs each client's update (robust statistics), not only sums: the trainer gathers them (fedhf.aggregation).
+    gathers = False
+    #: Needs the local optimizer's :meth:`~fedhf.optim.base.OptimizerHooks.preconditioners` (checked at compose).
+    needs_preconditioners = False
+
+    def client_end(self, ctx: ClientContext, optimizer) -> Message:
+        """The client half: what this aggregator needs beyond the model change. Nothing by default."""
+        return Message()
+
+    @abstractmethod
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        """D, one tensor per name of ``ctx.global_params``."""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "name")
+        return f"{type(self).__name__}({fields})"
+
+
+class ServerTransform(ABC):
+    """Turns a direction into a step, keeping its own state between rounds."""
+
+    name = "transform"
+
+    def init(self, global_params: TensorDict) -> TensorDict:
+        """The transform's state at round 0 (kept by the server, checkpointed, never broadcast)."""
+        return {}
+
+    @abstractmethod
+    def step(self, direction: TensorDict, state: TensorDict, ctx: ServerContext) -> Tuple[TensorDict, TensorDict]:
+        """(step, new state) from the direction."""
+
+    def apply(self, x: TensorDict, direction: TensorDict, state: TensorDict,
+              ctx: ServerContext) -> Tuple[TensorDict, TensorDict]:
+        """x + step: the transform alone as a server update (as the last of a chain does)."""
+        step, state = self.step(direction, state, ctx)
+        return {n: x[n] + step[n] for n in x}, state
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "name")
+        return f"{type(self).__name__}({fields})"
+
+
+class ServerRule:
+    """The server-rule protocol: ``init``, ``client_end`` (the aggregator's client half), ``apply``."""
+
+    def __init__(self, aggregator: Aggregator, transforms: Sequence[ServerTransform], name: str = "") -> None:
+        if not transforms:
+            raise ValueError("A server rule needs at least one transform (e.g. `lr`, the plain step).")
+        self.aggregator, self.transforms = aggregator, tuple(transforms)
+        self.name = name or "+".join([aggregator.name] + [t.name for t in self.transforms])
+
+    @property
+    def gathers(self) -> bool:
+        return self.aggregator.gathers
+
+    def init(self, global_params: TensorDict) -> TensorDict:
+        """Every transform's state, keyed ``<position>.<key>`` (a chain may hold one transform twice)."""
+        return {f"{i}.{k}": v for i, t in enumerate(self.transforms) for k, v in t.init(global_params).items()}
+
+    def client_end(self, ctx: ClientContext, optimizer) -> Message:
+        return self.aggregator.client_end(ctx, optimizer)
+
+    def apply(self, x: TensorDict, state: TensorDict, ctx: ServerContext) -> Tuple[TensorDict, TensorDict]:
+        direction, new_state = self.aggregator.aggregate(ctx), {}
+        for i, transform in enumerate(self.transforms):
+            head = f"{i}."
+            own = {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
+            direction, own = transform.step(direction, own, ctx)
+            new_state.update({head + k: v for k, v in own.items()})
+        return {n: x[n] + direction[n] for n in x}, new_state
+
+    def __repr__(self) -> str:
+        return f"ServerRule({self.aggregator!r} -> {', '.join(map(repr, self.transforms))})"
