@@ -76,7 +76,7 @@ HISTORY_KEYS = ("round", "train_loss", "eval_loss", "eval_accuracy", "learning_r
 def load_data(dataset: str, settings: dict) -> dict:
     """{"train", "test", "arrow_train", "collator", "tokenizer"}: the same rows for every algorithm and seed;
     "arrow_train" is the training split as a ``datasets.Dataset``, which fedhf splits over the clients."""
-    from fedhf.data.bundled import load_digits_images, load_tweets, minilm_path, subsample, tokenize_tweets
+    from fedhf.demo_data import load_digits_images, load_tweets, minilm_path, subsample, tokenize_tweets
 
     if dataset == "digits":
         splits = load_digits_images()
@@ -135,7 +135,7 @@ def build_model(dataset: str, seed: int):
     from peft import LoraConfig, TaskType, get_peft_model
     from transformers import AutoModelForSequenceClassification
 
-    from fedhf.data.bundled import minilm_path
+    from fedhf.demo_data import minilm_path
 
     model = AutoModelForSequenceClassification.from_pretrained(minilm_path(), num_labels=3, hidden_dropout_prob=0.0,
                                                                attention_probs_dropout_prob=0.0)

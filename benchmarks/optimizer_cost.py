@@ -4,7 +4,7 @@ One local step as the federated trainer runs it (``FederatedTrainer._local_steps
 ``before_forward`` hook (Sophia's curvature refresh: an extra forward and sampled-label backward every
 ``hess_interval`` = 10 steps), forward, backward, ``clip_grad_norm_`` to 1.0, ``step``, ``zero_grad``.
 
-Model: pretrained MiniLM-L6 (``fedhf.data.bundled.minilm_path()``), 3 labels, in train mode; (a) LoRA r 16, alpha
+Model: pretrained MiniLM-L6 (``fedhf.demo_data.minilm_path()``), 3 labels, in train mode; (a) LoRA r 16, alpha
 32 on query/key/value/dense (peft, SEQ_CLS: the classifier trains too), (b) every weight trainable. Data: real
 tweets, batch 16, at most 64 tokens, padded per batch (``DataCollatorWithPadding``), as the trainer does.
 
@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding  # noqa: E402
 
-from fedhf.data.bundled import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
+from fedhf.demo_data import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
 from fedhf.optim import LocalOptimizer, ModelAccess  # noqa: E402
 
 #: What each optimizer is built with (defaults otherwise). Sophia's refresh period is what the targets assume.

@@ -28,7 +28,7 @@ from transformers import (AutoModelForSequenceClassification, AutoTokenizer, Dat
                           HfArgumentParser)
 
 from fedhf import FederatedConfig, FederatedTrainer  # noqa: E402
-from fedhf.data.bundled import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
+from fedhf.demo_data import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
 from fedhf.metrics import accuracy_metrics  # noqa: E402
 
 RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes",

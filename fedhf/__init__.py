@@ -4,13 +4,11 @@ Swap ``Trainer`` for :class:`FederatedTrainer` and ``TrainingArguments`` for :cl
 """
 
 from . import algorithms
-from .algorithm import Algorithm, compose
-from .algorithms import get_algorithm, list_algorithms
+from .algorithms import Algorithm, compose, get_algorithm, list_algorithms
 from .config import FederatedConfig
 from .trainer import FederatedTrainer
 
 __version__ = "0.1.0"
-
 
 
 def __getattr__(name: str):

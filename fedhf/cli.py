@@ -33,7 +33,7 @@ def algorithms_table() -> List[str]:
     rows = [("algorithm", "local optimizer", "state sync", "correction", "server rule")]
     for name in list_algorithms():
         algo = get_algorithm(name)
-        rows.append((name, algo.optimizer.cls.__name__, algo.sync.name, algo.correction.name, algo.server.name))
+        rows.append((name, algo.local_optimizer.cls.__name__, algo.state_sync.name, algo.correction.name, algo.server_rule.name))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 

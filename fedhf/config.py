@@ -202,7 +202,7 @@ class FederatedConfig(TrainingArguments):
         self.build_algorithm()
 
     def build_algorithm(self):
-        from .algorithm import compose
+        from .algorithms import compose
 
         return compose(
             self.algorithm, self.algorithm_kwargs,

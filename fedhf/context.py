@@ -27,7 +27,7 @@ class ClientContext:
     weight: float  # w_i
     params: Dict[str, torch.nn.Parameter]  # live trainable parameters of the resident model
     global_params: TensorDict  # x^r (fp32)
-    server_state: TensorDict  # what the correction's server half broadcast this round (downloaded)
+    correction_state: TensorDict  # what the correction's server half broadcast this round (downloaded)
     store: ClientStateStore
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar broadcast by the state-sync rule
     participants: Sequence[int] = ()  # the round's sampled clients S_r, in sampling order (all processes)

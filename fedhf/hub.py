@@ -33,12 +33,12 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         f"| clients per round (S) | {args.clients_per_round} |",
         f"| rounds (R) | {args.num_rounds} |",
         f"| local steps per round (K) | {args.local_steps} |",
-        f"| local optimizer / state sync / correction / server rule | {algorithm.optimizer.cls.__name__} / "
-        f"{algorithm.sync!r} / {algorithm.correction!r} / {algorithm.server!r} |",
+        f"| local optimizer / state sync / correction / server rule | {algorithm.local_optimizer.cls.__name__} / "
+        f"{algorithm.state_sync!r} / {algorithm.correction!r} / {algorithm.server_rule!r} |",
         f"| local batch size | {args.per_device_train_batch_size} |",
         f"| seed | {args.seed} |",
         f"| fedhf version | {_version()} |",
-        f"| learning rate schedule over rounds | {args.round_lr_schedule}, peak {algorithm.optimizer.lr} |",
+        f"| learning rate schedule over rounds | {args.round_lr_schedule}, peak {algorithm.local_optimizer.lr} |",
         f"| partition | {args.partition}" + (f" (alpha={args.dirichlet_alpha}, column `{args.partition_column}`)"
                                              if args.partition == "dirichlet" else "") + " |",
     ]

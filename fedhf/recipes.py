@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Optional
 import yaml
 
 from .config import FederatedConfig
-from .data.bundled import load_digits_images, load_tweets, minilm_path, subsample
+from .demo_data import load_digits_images, load_tweets, minilm_path, subsample
 
 BUNDLED_MODELS: Dict[str, Callable[[], str]] = {"bundled-minilm": minilm_path}
 LOCAL_DATA_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}

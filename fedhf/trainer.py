@@ -145,7 +145,7 @@ class FederatedTrainer(RunOutputs, Trainer):
         destroy_process_group_at_exit()
         params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
         if checkpoint is None:
-            run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server.init(snapshot(params)),
+            run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server_rule.init(snapshot(params)),
                            self.algorithm.correction.server_init(snapshot(params)), sync_state={})
             self.federated_history = []
         else:
@@ -169,7 +169,7 @@ class FederatedTrainer(RunOutputs, Trainer):
         while run.rounds_done < args.num_rounds and not self.control.should_training_stop:
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
             entry = self._run_round(run, params, buffers)
-            guard.after_round(entry, self.algorithm.optimizer.lr, args.max_update_norm)
+            guard.after_round(entry, self.algorithm.local_optimizer.lr, args.max_update_norm)
             self.state.global_step = run.rounds_done
             self.state.epoch = float(run.rounds_done)
             if should_log(args, run.rounds_done):
@@ -200,7 +200,7 @@ class FederatedTrainer(RunOutputs, Trainer):
     def _run_round(self, run: RunState, params, buffers) -> dict:
         """One round: this process's clients, one all-reduce, the server update. Returns the round's log."""
         args, algo, r = self.args, self.algorithm, run.rounds_done
-        round_lr = round_learning_rate(algo.optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
+        round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
         clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
         sums = RoundSums()
         self._round_thetas = []  # (w_i, Theta_i) of this process's clients, for the spectral drift only
@@ -211,7 +211,7 @@ class FederatedTrainer(RunOutputs, Trainer):
             ctx = ClientContext(
                 client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
                 local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
-                global_params=run.global_params, server_state=run.correction_state, store=self.client_store,
+                global_params=run.global_params, correction_state=run.correction_state, store=self.client_store,
                 sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
             )
             load_into(params, run.global_params)
@@ -219,7 +219,7 @@ class FederatedTrainer(RunOutputs, Trainer):
             self._train_client(ctx, buffers, sums)
             sums.add("downlink_bytes", downlink_each)
 
-        sums.all_reduce(gather=algo.server.gathers)  # the round's only communication
+        sums.all_reduce(gather=algo.server_rule.gathers)  # the round's only communication
         total_weight = sums.scalar("w")
         if total_weight > 0:
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
@@ -229,8 +229,8 @@ class FederatedTrainer(RunOutputs, Trainer):
             # each server half reads the sums of its own component's messages
             run.correction_state = algo.correction.server_update(run.correction_state,
                                                                  replace(server_ctx, sums=sums.within("correction")))
-            run.sync_state = algo.sync.server_update(run.sync_state, replace(server_ctx, sums=sums.within("sync")))
-            run.global_params, run.server_state = algo.server.apply(run.global_params, run.server_state,
+            run.sync_state = algo.state_sync.server_update(run.sync_state, replace(server_ctx, sums=sums.within("sync")))
+            run.global_params, run.server_state = algo.server_rule.apply(run.global_params, run.server_state,
                                                                     replace(server_ctx, sums=sums.within("server")))
             if run.global_buffers:
                 run.global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", run.global_buffers).items()}
@@ -261,8 +261,8 @@ class FederatedTrainer(RunOutputs, Trainer):
         # Train mode before anything runs the model: curvature hooks run before training_step (which would set
         # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
         self.model.train()
-        optimizer = algo.optimizer.build(ctx.params, ctx.local_lr)
-        algo.sync.client_begin(ctx, optimizer)
+        optimizer = algo.local_optimizer.build(ctx.params, ctx.local_lr)
+        algo.state_sync.client_begin(ctx, optimizer)
         optimizer.attach(self._model_access(ctx))
         loss_sum = self._local_steps(ctx, optimizer)
         delta = difference(ctx.params, ctx.global_params)
@@ -273,16 +273,16 @@ class FederatedTrainer(RunOutputs, Trainer):
             sums.add("excluded", 1.0)
             return
         own = Message().put("dx", delta, scale=ctx.weight)  # the trainer's own message: un-namespaced keys
-        if algo.server.gathers:
+        if algo.server_rule.gathers:
             sums.gather(ctx.client_id, delta)
         if buffers:
             own.put("buf", snapshot(buffers), scale=ctx.weight)
         messages = {"correction": algo.correction.client_end(ctx)}
         theta = optimizer.export_theta()
-        messages["sync"] = algo.sync.client_end(ctx, theta, optimizer.theta_structure(theta))
+        messages["sync"] = algo.state_sync.client_end(ctx, theta, optimizer.theta_structure(theta))
         if self.args.drift_spectral and theta:
             self._round_thetas.append((ctx.weight, theta))
-        messages["server"] = algo.server.client_end(ctx, optimizer)
+        messages["server"] = algo.server_rule.client_end(ctx, optimizer)
         own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
         own.tensors["loss"] = (loss_sum / self.args.local_steps).to(torch.float64) * ctx.weight
         sums.add_message(own)

@@ -60,7 +60,7 @@ def render(cases, messages) -> str:
 def _env_without_pytest(tmp: pathlib.Path) -> dict:
     from transformers import AutoTokenizer
 
-    from fedhf.data.bundled import load_digits_images, load_tweets, minilm_path, subsample, tokenize_tweets
+    from fedhf.demo_data import load_digits_images, load_tweets, minilm_path, subsample, tokenize_tweets
 
     path = minilm_path()
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -23,7 +23,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fedhf.data.bundled import load_digits_images  # noqa: E402
+from fedhf.demo_data import load_digits_images  # noqa: E402
 from tests.helpers import config, digit_trainer, tiny_resnet  # noqa: E402
 
 

@@ -52,17 +52,17 @@ def test_components_replace_axes_of_a_named_algorithm(tmp_path):
     cfg = _config(tmp_path, algorithm="fedavg", local_optimizer="adamw", server_rule="yogi",
                   server_rule_kwargs='{"lr": 0.02}', correction="proximal", correction_kwargs={"mu": 0.01})
     algo = cfg.build_algorithm()
-    assert algo.optimizer.cls.__name__ == "AdamW"
-    assert algo.optimizer.lr == pytest.approx(1e-3)  # AdamW's own default, not FedAvg's SGD lr of 0.1
-    assert algo.server.transforms[0].kind == "yogi" and algo.server.transforms[0].lr == 0.02
+    assert algo.local_optimizer.cls.__name__ == "AdamW"
+    assert algo.local_optimizer.lr == pytest.approx(1e-3)  # AdamW's own default, not FedAvg's SGD lr of 0.1
+    assert algo.server_rule.transforms[0].kind == "yogi" and algo.server_rule.transforms[0].lr == 0.02
     assert algo.correction.mu == 0.01
-    assert algo.name == "fedavg[optimizer=adamw,correction=proximal,server=yogi]"
+    assert algo.name == "fedavg[local_optimizer=adamw,correction=proximal,server_rule=yogi]"
 
 
 def test_learning_rate_and_weight_decay_override_paper_defaults(tmp_path):
-    assert _config(tmp_path, algorithm="scaffold").build_algorithm().optimizer.kwargs["lr"] == 0.1
+    assert _config(tmp_path, algorithm="scaffold").build_algorithm().local_optimizer.kwargs["lr"] == 0.1
     algo = _config(tmp_path, algorithm="scaffold", learning_rate=0.02, weight_decay=0.0).build_algorithm()
-    assert algo.optimizer.kwargs["lr"] == 0.02 and algo.optimizer.kwargs["weight_decay"] == 0.0
+    assert algo.local_optimizer.kwargs["lr"] == 0.02 and algo.local_optimizer.kwargs["weight_decay"] == 0.0
 
 
 def test_command_line_and_yaml_parse(tmp_path):

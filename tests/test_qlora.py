@@ -28,7 +28,7 @@ def base(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def pairs(tokenizer):
-    from fedhf.data.bundled import load_tweets
+    from fedhf.demo_data import load_tweets
 
     return tokenized_pairs(sentiment_pairs(load_tweets(), 96, 16, max_chars=60), tokenizer)
 

@@ -92,7 +92,7 @@ def test_any_torch_optimizer_is_a_local_optimizer(digits, tmp_path, optimizer):
     before = trainable_state(model)
     args = config(tmp_path, local_optimizer=optimizer, learning_rate=1e-2)
     trainer = digit_trainer(model, digits, args, evaluate=False)
-    assert trainer.algorithm.optimizer.cls.__name__.lower() in {"radam", "adagrad", "rmsprop"}
+    assert trainer.algorithm.local_optimizer.cls.__name__.lower() in {"radam", "adagrad", "rmsprop"}
     trainer.train()
     after = trainable_state(model)
     assert all(not torch.equal(before[n], after[n]) for n in before)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from ..algorithm import Algorithm
+from .compose import ALGORITHMS, Algorithm
 from ..corrections import GlobalMix, ParameterTracking
 from ..optim import LocalOptimizer
 from ..server import CovarianceServer, Mean, PreconditionedMix, ServerRule, Step
 from ..sync import AverageWarmstart, CompressedAverage, PersistLocal, StateSync
-from .registry import ALGORITHMS
 
 
 def _muon(lr: float, muon_lr_mult: float, momentum: float, weight_decay: float, routing: str) -> LocalOptimizer:
@@ -63,28 +62,29 @@ def local_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01
 
 # ---------------------------------------------------------------- FedMuon / FedPAC (alignment + correction)
 @ALGORITHMS.register("fedmuon")
-def fedmuon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.98, alpha: float = 0.5,
+def fedmuon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.98, beta: float = 0.5,
             weight_decay: float = 0.01, routing: str = "ndim>=2") -> Algorithm:
     """FedMuon (Liu et al., 2025, "FedMuon: Accelerating Federated Learning with Matrix Orthogonalization"): local
     Muon whose momentum starts from the average of last round's final client momenta, and global-direction mixing
-    x <- x - eta [(1 - alpha) Muon(g) + alpha g_G] after the optimizer. Defaults: alpha 0.5, momentum 0.98
+    x <- x - eta [(1 - beta) Muon(g) + beta g_G] after the optimizer (the paper's alpha; beta here as in every
+    mixing algorithm, ALGORITHMS.md section 5.3). Defaults: beta 0.5, momentum 0.98
     (Table 6), wd 0.01; Muon lr = lr * muon_lr_mult = 3e-2. Sends Delta + M up (~2), x + g_G + Mbar down (~3)."""
     return Algorithm("fedmuon", _muon(lr, muon_lr_mult, momentum, weight_decay, routing),
-                     correction=GlobalMix(alpha, position="after"), sync=AverageWarmstart())
+                     correction=GlobalMix(beta, position="after"), state_sync=AverageWarmstart())
 
 
 @ALGORITHMS.register("fedmuon_svd")
-def fedmuon_svd(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.98, alpha: float = 0.5,
+def fedmuon_svd(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.98, beta: float = 0.5,
                 weight_decay: float = 0.01, routing: str = "ndim>=2", fraction: float = 0.05) -> Algorithm:
     """FedMuon_SVD (Liu et al., 2025): FedMuon with each momentum matrix uploaded as a truncated SVD of about
     ``fraction`` of its size (rank rule of ALGORITHMS.md 2.8). Sends Delta + 0.05 M up, x + g_G + Mbar down."""
     return Algorithm("fedmuon_svd", _muon(lr, muon_lr_mult, momentum, weight_decay, routing),
-                     correction=GlobalMix(alpha, position="after"), sync=CompressedAverage(fraction))
+                     correction=GlobalMix(beta, position="after"), state_sync=CompressedAverage(fraction))
 
 
 def _fedpac_muon(name, light, lr, muon_lr_mult, momentum, beta, weight_decay, routing, fraction):
     return Algorithm(name, _muon(lr, muon_lr_mult, momentum, weight_decay, routing),
-                     correction=GlobalMix(beta, position="after"), sync=_aligned(light, fraction))
+                     correction=GlobalMix(beta, position="after"), state_sync=_aligned(light, fraction))
 
 
 @ALGORITHMS.register("fedpac_muon")
@@ -106,7 +106,7 @@ def fedpac_muon_light(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: f
 
 def _fedpac_soap(name, light, lr, weight_decay, betas, precondition_frequency, beta, fraction):
     return Algorithm(name, _soap(lr, weight_decay, betas, precondition_frequency),
-                     correction=GlobalMix(beta, position="after"), sync=_aligned(light, fraction))
+                     correction=GlobalMix(beta, position="after"), state_sync=_aligned(light, fraction))
 
 
 @ALGORITHMS.register("fedpac_soap")
@@ -128,7 +128,7 @@ def fedpac_soap_light(lr: float = 3e-3, weight_decay: float = 0.01, betas=(0.95,
 
 def _fedpac_sophia(name, light, lr, weight_decay, rho, betas, hessian_estimator, hess_interval, beta, fraction):
     return Algorithm(name, _sophia(lr, weight_decay, rho, betas, hessian_estimator, hess_interval),
-                     correction=GlobalMix(beta, position="after"), sync=_aligned(light, fraction))
+                     correction=GlobalMix(beta, position="after"), state_sync=_aligned(light, fraction))
 
 
 @ALGORITHMS.register("fedpac_sophia")
@@ -160,7 +160,7 @@ def fedlada(lr: float = 3e-4, weight_decay: float = 1e-3, betas=(0.9, 0.999), ep
     Sends 2 (Delta, v) | 3 (x, g_G, vbar)."""
     opt = LocalOptimizer("amsgrad", {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps,
                                      "amsgrad": False})
-    return Algorithm("fedlada", opt, correction=GlobalMix(beta, position="after"), sync=AverageWarmstart())
+    return Algorithm("fedlada", opt, correction=GlobalMix(beta, position="after"), state_sync=AverageWarmstart())
 
 
 # ---------------------------------------------------------------- FedPM / LocalNewton (FOOF curvature)
@@ -173,15 +173,15 @@ def fedpm(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4, cur
     W <- W + [sum_i Delta_i (A_i + lambda I)] [sum_j (A_j + lambda I)]^{-1} per linear layer (equations re-derived,
     ALGORITHMS.md 2.10). LoRA tensors are averaged unless ``mix_lora`` (ALGORITHMS.md 6: not evaluated in the
     paper). Defaults: FedPM Table 4. Sends 1 + FA | 1 (FA without the LoRA layers unless ``mix_lora``)."""
-    return Algorithm("fedpm", _foof(lr, damping, weight_decay, curvature_samples), sync=PersistLocal(),
-                     server=ServerRule(PreconditionedMix(mix_lora=mix_lora), [Step()]))
+    return Algorithm("fedpm", _foof(lr, damping, weight_decay, curvature_samples), state_sync=PersistLocal(),
+                     server_rule=ServerRule(PreconditionedMix(mix_lora=mix_lora), [Step()]))
 
 
 @ALGORITHMS.register("localnewton")
 def localnewton(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4, curvature_samples=None) -> Algorithm:
     """LocalNewton (Gupta et al., 2021), as FedPM's baseline: FedPM's client (FOOF-preconditioned SGD, cached
     covariances) with plain averaging; the covariances never leave the client. Sends 1 | 1."""
-    return Algorithm("localnewton", _foof(lr, damping, weight_decay, curvature_samples), sync=PersistLocal())
+    return Algorithm("localnewton", _foof(lr, damping, weight_decay, curvature_samples), state_sync=PersistLocal())
 
 
 # ---------------------------------------------------------------- Fed-Sophia, FAdam, PreFed
@@ -192,13 +192,13 @@ def fed_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01, 
     client across its participations (ALGORITHMS.md 5.16; m restarts each round -- the paper is silent), plain
     averaging. Defaults: Local Sophia's (the seeds give none). Sends 1 | 1."""
     return Algorithm("fed_sophia", _sophia(lr, weight_decay, rho, betas, hessian_estimator, hess_interval),
-                     sync=PersistLocal())
+                     state_sync=PersistLocal())
 
 
 def _fadam(name: str, position: str, lr, weight_decay, betas, eps, tracked_fraction, server_lr) -> Algorithm:
     opt = LocalOptimizer("amsgrad", {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps})
-    return Algorithm(name, opt, correction=ParameterTracking(position, tracked_fraction), sync=PersistLocal(),
-                     server=ServerRule(Mean(), [Step(server_lr)]))
+    return Algorithm(name, opt, correction=ParameterTracking(position, tracked_fraction), state_sync=PersistLocal(),
+                     server_rule=ServerRule(Mean(), [Step(server_lr)]))
 
 
 @ALGORITHMS.register("fadam_et")
@@ -225,7 +225,7 @@ def prefed(lr: float = 1e-3, betas=(0.9, 0.9), tau: float = 1e-3, weight_decay: 
     (ALGORITHMS.md 5.12). Sends 2 | 2."""
     opt = LocalOptimizer("covariance_adam", {"lr": lr, "betas": tuple(betas), "tau": tau,
                                              "weight_decay": weight_decay})
-    return Algorithm("prefed", opt, sync=AverageWarmstart())
+    return Algorithm("prefed", opt, state_sync=AverageWarmstart())
 
 
 @ALGORITHMS.register("prefedopt")
@@ -235,4 +235,4 @@ def prefedopt(lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0
     covariance preconditioner on the server: x <- x + eta_g D / sqrt(P + tau) with D the per-step mean update
     (sign and momentum typos fixed, ALGORITHMS.md 5.12). Sends 1 | 1."""
     opt = LocalOptimizer("sgd", {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
-    return Algorithm("prefedopt", opt, server=ServerRule(Mean(), [CovarianceServer(server_lr, beta1, beta2, tau)]))
+    return Algorithm("prefedopt", opt, server_rule=ServerRule(Mean(), [CovarianceServer(server_lr, beta1, beta2, tau)]))

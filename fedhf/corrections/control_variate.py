@@ -33,7 +33,7 @@ class ControlVariate(Correction):
         c_i = self._client_variate(ctx)
         ctx.scratch["c_i"] = c_i
         # c - c_i is constant over the round: compute it once, not every step.
-        ctx.scratch["shift"] = {n: ctx.server_state[f"c.{n}"] - c_i[n] for n in ctx.params}
+        ctx.scratch["shift"] = {n: ctx.correction_state[f"c.{n}"] - c_i[n] for n in ctx.params}
 
     @torch.no_grad()
     def before_step(self, ctx: ClientContext) -> None:
@@ -46,7 +46,7 @@ class ControlVariate(Correction):
         c_i = ctx.scratch["c_i"]
         scale = 1.0 / (ctx.local_steps * ctx.local_lr)
         new_c_i = {
-            n: c_i[n] - ctx.server_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
+            n: c_i[n] - ctx.correction_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
             for n, p in ctx.params.items()
         }
         ctx.store.put(ctx.client_id, "scaffold_c", new_c_i)

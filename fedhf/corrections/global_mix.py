@@ -48,14 +48,14 @@ class GlobalMix(Correction):
             return
         for name, p in ctx.params.items():
             if p.grad is not None:
-                p.grad.mul_(1 - self.beta).add_(ctx.server_state[f"g.{name}"].to(p.grad.dtype), alpha=self.beta)
+                p.grad.mul_(1 - self.beta).add_(ctx.correction_state[f"g.{name}"].to(p.grad.dtype), alpha=self.beta)
 
     @torch.no_grad()
     def after_step(self, ctx: ClientContext) -> None:
         if self.position != "after" or self.beta == 0:
             return
         for name, p in ctx.params.items():
-            p.add_(ctx.server_state[f"g.{name}"].to(p.dtype), alpha=-self.beta * ctx.round_lr)
+            p.add_(ctx.correction_state[f"g.{name}"].to(p.dtype), alpha=-self.beta * ctx.round_lr)
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         scale = -1.0 / (ctx.local_steps * ctx.round_lr)

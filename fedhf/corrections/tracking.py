@@ -71,7 +71,7 @@ class ParameterTracking(Correction):
         y_i = stored if stored is not None else {n: torch.zeros_like(t) for n, t in ctx.global_params.items()}
         ctx.scratch["y_i"] = y_i
         # y - y_i is constant over the round: compute it once, not every step.
-        ctx.scratch["shift"] = {n: ctx.server_state[f"y.{n}"] - y_i[n] for n in ctx.params}
+        ctx.scratch["shift"] = {n: ctx.correction_state[f"y.{n}"] - y_i[n] for n in ctx.params}
         ctx.scratch["tracked"] = ctx.client_id in tracked_clients(ctx.participants, self.tracked_fraction)
         if ctx.scratch["tracked"] and self.position == "before":
             ctx.scratch["grad_sum"] = {n: torch.zeros_like(y_i[n]) for n in ctx.params}
@@ -103,7 +103,7 @@ class ParameterTracking(Correction):
         if self.position == "after":
             scale = 1.0 / (ctx.local_lr * K)
             x_r = ctx.global_params
-            new_y_i = {n: y_i[n] - ctx.server_state[f"y.{n}"] + (x_r[n] - p.detach().to(x_r[n].dtype)) * scale
+            new_y_i = {n: y_i[n] - ctx.correction_state[f"y.{n}"] + (x_r[n] - p.detach().to(x_r[n].dtype)) * scale
                        for n, p in ctx.params.items()}
         else:
             new_y_i = {n: s / K for n, s in ctx.scratch["grad_sum"].items()}

@@ -15,7 +15,7 @@ from typing import Any, Dict, Mapping, Union
 import torch
 
 from ..registry import Registry
-from .base import FederatedOptimizer, ModelAccess, OptimizerHooks, TensorDict, TorchOptimizer
+from .base import FederatedOptimizer, ModelAccess, OptimizerHooks, TorchOptimizer
 from .amsgrad import AMSGradNoBias
 from .covariance import CovarianceAdam
 from .foof import FOOF
@@ -133,10 +133,5 @@ class LocalOptimizer:
 TORCH_THETA_KEYS = {torch.optim.AdamW: ("exp_avg_sq",), torch.optim.Adam: ("exp_avg_sq",)}
 
 
-def export_theta(optimizer: OptimizerHooks) -> TensorDict:
-    return optimizer.export_theta()
-
-
 __all__ = ["FOOF", "LOCAL_OPTIMIZERS", "SOAP", "AMSGradNoBias", "CovarianceAdam", "FederatedOptimizer", "LocalOptimizer",
-           "ModelAccess", "MuonAdamW", "OptimizerHooks", "Sophia", "TorchOptimizer", "export_theta",
-           "resolve_optimizer_class"]
+           "ModelAccess", "MuonAdamW", "OptimizerHooks", "Sophia", "TorchOptimizer", "resolve_optimizer_class"]

@@ -11,11 +11,11 @@ from fedhf.corrections import ControlVariate, GlobalMix, Proximal
 from fedhf.state import ClientStateStore
 
 
-def _ctx(param, grad, global_value, server_state, store=None, lr=0.1, steps=2, client_id=3):
+def _ctx(param, grad, global_value, correction_state, store=None, lr=0.1, steps=2, client_id=3):
     p = torch.nn.Parameter(torch.tensor(param))
     p.grad = torch.tensor(grad)
     return ClientContext(client_id=client_id, round=0, round_lr=lr, local_lr=lr, local_steps=steps, weight=1.0,
-                         params={"w": p}, global_params={"w": torch.tensor(global_value)}, server_state=server_state,
+                         params={"w": p}, global_params={"w": torch.tensor(global_value)}, correction_state=correction_state,
                          store=store or ClientStateStore())
 
 

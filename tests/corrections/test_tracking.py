@@ -29,7 +29,7 @@ def _ctx(client_id=3, y=Y, y_i=Y_I, participants=PARTICIPANTS):
         store.put(client_id, "tracking_y", {"w": T(y_i)})
     p = torch.nn.Parameter(T(X0))
     return ClientContext(client_id=client_id, round=0, round_lr=1.0, local_lr=LR, local_steps=K, weight=1.0,
-                         params={"w": p}, global_params={"w": T(X0)}, server_state={"y.w": T(y)},
+                         params={"w": p}, global_params={"w": T(X0)}, correction_state={"y.w": T(y)},
                          store=store, participants=participants, num_clients=10)
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fedhf.data.bundled import tiny_llama
+from fedhf.demo_data import tiny_llama
 from fedhf.metrics.generation import first_word, first_word_accuracy, generate_answers
 
 

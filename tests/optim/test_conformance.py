@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedhf.optim import LOCAL_OPTIMIZERS, FederatedOptimizer, LocalOptimizer, ModelAccess, export_theta
+from fedhf.optim import LOCAL_OPTIMIZERS, FederatedOptimizer, LocalOptimizer, ModelAccess
 
 #: registry name[variant] -> (kwargs with an lr that suits the toy problem, the state keys forming Theta).
 CASES = {
@@ -84,7 +84,7 @@ def test_conformance(case):
         _steps(m, o, batch, 40, 3)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
 
-    theta = export_theta(optimizer)
+    theta = optimizer.export_theta()
     assert {key.partition(":")[0] for key in theta} == CASES[case][1]
     if not isinstance(optimizer, FederatedOptimizer):
         return  # torch.optim classes export Theta (for the drift metric) but cannot import it

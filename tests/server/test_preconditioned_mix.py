@@ -98,7 +98,7 @@ def test_foof_optimizer_and_server_rule_take_the_global_newton_step():
         optimizer = _one_foof_step(model, x0, {"x": a, "y": y}, damping=0.0)
         used_A.append(optimizer.export_theta()["A:weight"].double())
         ctx = ClientContext(client_id=0, round=0, round_lr=1.0, local_lr=1.0, local_steps=1, weight=w,
-                            params=params, global_params=x0, server_state={}, store=None)
+                            params=params, global_params=x0, correction_state={}, store=None)
         dx = {n: p.detach() - x0[n] for n, p in params.items()}
         sums.add_tensors("dx", dx, scale=w)
         sent = rule.client_end(ctx, optimizer)
@@ -157,7 +157,7 @@ def test_clear_error_for_a_non_foof_optimizer():
     model = torch.nn.Linear(3, 2)
     ctx = ClientContext(client_id=0, round=0, round_lr=0.1, local_lr=0.1, local_steps=1, weight=1.0,
                         params=dict(model.named_parameters()), global_params=snapshot(dict(model.named_parameters())),
-                        server_state={}, store=None)
+                        correction_state={}, store=None)
     with pytest.raises(ValueError, match="local_optimizer"):
         PreconditionedMix().client_end(ctx, LocalOptimizer("sgd").build(dict(model.named_parameters()), 0.1))
 
@@ -186,7 +186,7 @@ def test_lora_tensors_are_averaged_unless_mix_lora(mix_lora):
     for w, (a, y) in zip(WEIGHTS, _client_data(2)):
         optimizer = _one_foof_step(model, x0, {"x": a, "y": y}, damping=0.1)
         ctx = ClientContext(client_id=0, round=0, round_lr=1.0, local_lr=1.0, local_steps=1, weight=w,
-                            params=params, global_params=x0, server_state={}, store=None)
+                            params=params, global_params=x0, correction_state={}, store=None)
         sent = rule.client_end(ctx, optimizer)
         sums.add_message(sent)
         sums.add("w", w)

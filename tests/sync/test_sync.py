@@ -63,7 +63,7 @@ def test_symmetric_factors_stay_psd_and_nonnegative_states_stay_nonnegative():
 
 def _ctx(sums=None, store=None, weight=1.0, client=0, sync_state=None):
     return ClientContext(client_id=client, round=0, round_lr=0.1, local_lr=0.1, local_steps=1, weight=weight,
-                         params={}, global_params={}, server_state={}, store=ClientStateStore() if store is None else store,
+                         params={}, global_params={}, correction_state={}, store=ClientStateStore() if store is None else store,
                          sync_state=sync_state or {})
 
 

@@ -1,25 +1,28 @@
 """An algorithm is a composition of four orthogonal choices (DESIGN.md section 1, ALGORITHMS.md section 4):
 
-* ``optimizer``  -- the local optimizer a client runs (:class:`fedhf.optim.LocalOptimizer`);
-* ``sync``       -- what happens to the optimizer's state Theta between rounds (:mod:`fedhf.sync`: reset,
+* ``local_optimizer`` -- the optimizer a client runs (:class:`fedhf.optim.LocalOptimizer`);
+* ``state_sync`` -- what happens to the optimizer's state Theta between rounds (:mod:`fedhf.sync`: reset,
   persist_local, average_warmstart, compressed_average);
 * ``correction`` -- how the local step is steered toward the global one (:mod:`fedhf.corrections`);
-* ``server``     -- how the summed client results become the next global model (:mod:`fedhf.server`).
+* ``server_rule`` -- how the summed client results become the next global model (:mod:`fedhf.server`).
 
-Named algorithms (:mod:`fedhf.algorithms`) are short functions that pick one option per axis; any axis can be
-swapped from :class:`FederatedConfig` (``local_optimizer``, ``correction``, ``server_rule`` and their
+The field names are the config's: one vocabulary for the axes in code, config and docs. Named algorithms
+(first_order.py, second_order.py) are short functions registered in ``ALGORITHMS`` that pick one option per axis;
+:func:`compose` swaps any axis from :class:`FederatedConfig` (``local_optimizer``, ``correction``, ``server_rule``,
 ``state_sync`` and their ``*_kwargs``) to build combinations no paper tried.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
-from .corrections import CORRECTIONS, Correction
-from .optim import LocalOptimizer
-from .server import Mean, ServerRule, Step, build_server_rule
-from .sync import STATE_SYNCS, Reset, StateSync
+from ..corrections import CORRECTIONS, Correction
+from ..optim import LocalOptimizer
+from ..registry import Registry
+from ..server import Mean, ServerRule, Step, build_server_rule
+from ..sync import STATE_SYNCS, Reset, StateSync
 
 
 def _fedavg_server() -> ServerRule:
@@ -29,24 +32,43 @@ def _fedavg_server() -> ServerRule:
 @dataclass(frozen=True)
 class Algorithm:
     name: str
-    optimizer: LocalOptimizer
+    local_optimizer: LocalOptimizer
     correction: Correction = field(default_factory=Correction)
-    server: ServerRule = field(default_factory=_fedavg_server)
-    sync: StateSync = field(default_factory=Reset)
+    server_rule: ServerRule = field(default_factory=_fedavg_server)
+    state_sync: StateSync = field(default_factory=Reset)
 
     def __post_init__(self) -> None:
-        if self.sync.imports_theta and not self.optimizer.imports_theta:
+        optimizer = self.local_optimizer
+        if self.state_sync.imports_theta and not optimizer.imports_theta:
             raise ValueError(
-                f"State sync {self.sync.name!r} warm-starts the optimizer state, which {self.optimizer.cls.__name__} "
+                f"State sync {self.state_sync.name!r} warm-starts the optimizer state, which {optimizer.cls.__name__} "
                 "cannot import: choose a fedhf local optimizer (sgd/adamw from torch only export it) or "
                 "`state_sync='reset'`.")
-        if self.server.aggregator.needs_preconditioners and not self.optimizer.exports_preconditioners:
-            raise ValueError(f"Server rule {self.server.name!r} needs the local optimizer FOOF (one that exports "
-                             f"preconditioners), got {self.optimizer.cls.__name__}: set `local_optimizer=\"foof\"` accordingly.")
+        if self.server_rule.aggregator.needs_preconditioners and not optimizer.exports_preconditioners:
+            raise ValueError(f"Server rule {self.server_rule.name!r} needs the local optimizer FOOF (one that exports "
+                             f"preconditioners), got {optimizer.cls.__name__}: "
+                             "set `local_optimizer=\"foof\"` accordingly.")
 
     def describe(self) -> str:
-        return (f"{self.name}: optimizer={self.optimizer.cls.__name__}({dict(self.optimizer.kwargs)}), "
-                f"sync={self.sync!r}, correction={self.correction!r}, server={self.server!r}")
+        optimizer = self.local_optimizer
+        return (f"{self.name}: local_optimizer={optimizer.cls.__name__}({dict(optimizer.kwargs)}), "
+                f"state_sync={self.state_sync!r}, correction={self.correction!r}, server_rule={self.server_rule!r}")
+
+
+ALGORITHMS: Registry[Callable[..., Algorithm]] = Registry("algorithm", "algorithm")
+
+
+def list_algorithms() -> list:
+    return ALGORITHMS.names()
+
+
+def get_algorithm(name: str, **kwargs) -> Algorithm:
+    factory = ALGORITHMS.get(name)
+    try:
+        return factory(**kwargs)
+    except TypeError as err:
+        accepted = sorted(inspect.signature(factory).parameters)
+        raise ValueError(f"Bad `algorithm_kwargs` for algorithm {name!r}: {err}; it accepts {accepted}.") from None
 
 
 def _build(registry, name: str, kwargs: Optional[Mapping[str, Any]], field_name: str):
@@ -76,10 +98,8 @@ def compose(
 
     ``learning_rate``/``weight_decay`` (from the config) override the algorithm's paper defaults when given.
     """
-    from .algorithms import get_algorithm
-
     algo = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm, **dict(algorithm_kwargs or {}))
-    optimizer = algo.optimizer
+    optimizer = algo.local_optimizer
     if local_optimizer is not None:
         # A different optimizer does not inherit the algorithm's lr (SGD's 0.1 would wreck AdamW): its own
         # default applies unless `learning_rate` or `local_optimizer_kwargs` say otherwise.
@@ -87,8 +107,8 @@ def compose(
     elif local_optimizer_kwargs:
         optimizer = optimizer.with_overrides(**local_optimizer_kwargs)
     optimizer = optimizer.with_overrides(lr=learning_rate, weight_decay=weight_decay)
-    changes = {"optimizer": optimizer}
-    replaced = [f"optimizer={local_optimizer}"] if local_optimizer is not None else []
+    changes = {"local_optimizer": optimizer}
+    replaced = [f"local_optimizer={local_optimizer}"] if local_optimizer is not None else []
     if correction is not None:
         changes["correction"] = _build(CORRECTIONS, correction, correction_kwargs, "correction_kwargs")
         replaced.append(f"correction={correction}")
@@ -96,15 +116,15 @@ def compose(
         raise ValueError("`correction_kwargs` was given without `correction`; name the correction it configures.")
     if server_rule is not None:
         try:
-            changes["server"] = build_server_rule(server_rule, server_rule_kwargs)
+            changes["server_rule"] = build_server_rule(server_rule, server_rule_kwargs)
         except TypeError as err:
             raise ValueError(f"Bad `server_rule_kwargs` for server rule {server_rule!r}: {err}.") from None
-        replaced.append(f"server={server_rule}")
+        replaced.append(f"server_rule={server_rule}")
     elif server_rule_kwargs:
         raise ValueError("`server_rule_kwargs` was given without `server_rule`; name the rule it configures.")
     if state_sync is not None:
-        changes["sync"] = _build(STATE_SYNCS, state_sync, state_sync_kwargs, "state_sync_kwargs")
-        replaced.append(f"sync={state_sync}")
+        changes["state_sync"] = _build(STATE_SYNCS, state_sync, state_sync_kwargs, "state_sync_kwargs")
+        replaced.append(f"state_sync={state_sync}")
     elif state_sync_kwargs:
         raise ValueError("`state_sync_kwargs` was given without `state_sync`; name the rule it configures.")
     if replaced:

@@ -2,7 +2,7 @@
 
 import torch
 
-from fedhf.data.bundled import TWEET_LABELS, load_tweet_instructions, tiny_llama
+from fedhf.demo_data import TWEET_LABELS, load_tweet_instructions, tiny_llama
 from fedhf.data.sft import IGNORE_INDEX, SFTCollator, tokenize_sft
 
 

