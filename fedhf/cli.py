@@ -33,7 +33,8 @@ def algorithms_table() -> List[str]:
     rows = [("algorithm", "local optimizer", "state sync", "correction", "server rule")]
     for name in list_algorithms():
         algo = get_algorithm(name)
-        rows.append((name, algo.local_optimizer.cls.__name__, algo.state_sync.name, algo.correction.name, algo.server_rule.name))
+        rows.append((name, algo.local_optimizer.cls.__name__, algo.state_sync.name, algo.correction.name,
+                     algo.server_rule.name))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
@@ -43,20 +44,21 @@ def train(config: str, overrides: List[str]) -> dict:
     import torch
 
     from . import FederatedTrainer
-    from .metrics import accuracy_metrics
     from .recipes import TASKS, load_recipe, load_splits
 
     recipe = load_recipe(config)
     args = recipe.training_arguments(overrides)
-    torch.manual_seed(args.seed)  # the classification head's initialisation follows the run's seed
+    torch.manual_seed(args.seed)  # a fresh head's (or a model from a config's) initialisation follows the seed
     built = TASKS[recipe.model.task](recipe, load_splits(recipe.data, args.seed))
     trainer = FederatedTrainer(model=built.model, args=args, train_dataset=built.train_dataset,
                                eval_dataset=built.eval_dataset, data_collator=built.data_collator,
-                               processing_class=built.processing_class, compute_metrics=accuracy_metrics)
+                               processing_class=built.processing_class, compute_metrics=built.compute_metrics,
+                               callbacks=built.callbacks)
     trainer.train()
     trainer.save_model(os.path.join(args.output_dir, "final"))
     last = trainer.federated_history[-1]
-    summary = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k in ("eval_loss", "eval_accuracy"))
+    shown = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_generation_accuracy")
+    summary = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k in shown)
     print(f"round {last['round']}: {summary or 'no evaluation'} -- outputs in {args.output_dir}")
     return last
 

@@ -8,9 +8,10 @@ A recipe is a YAML file with four sections (``lora`` is optional)::
     train: {algorithm: scaffold, num_clients: 12, ...}                  # FederatedConfig fields
 
 Every key is checked before any model or data is loaded, so a typo fails naming it. A task is one entry of
-:data:`TASKS` (task name -> builder of model, datasets and collator), so a new task (causal-lm SFT) is one
-function plus one registry line. This module is the only place the demo loaders (``bundled-*`` names) are
-imported from.
+:data:`TASKS` (task name -> builder of model, datasets, collator, metrics and callbacks): sequence and image
+classification, and causal-LM SFT (``causal-lm``: prompt/completion, chat ``messages`` or ``text`` data as
+:mod:`fedhf.data.sft` reads them). A new task is one function plus one registry line. This module is the only
+place the demo loaders (``bundled-*`` names, :mod:`fedhf.demo_data`) are imported from.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
 from .config import FederatedConfig
-from .demo_data import load_digits_images, load_tweets, minilm_path, subsample
+from .demo_data import load_digits_images, load_tweet_instructions, load_tweets, minilm_path, subsample
+from .metrics import accuracy_metrics
 
 BUNDLED_MODELS: Dict[str, Callable[[], str]] = {"bundled-minilm": minilm_path}
 LOCAL_DATA_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -36,6 +38,8 @@ class ModelSection:
     name_or_path: Optional[str] = None  # a Hub id, a local directory, or a bundled name (BUNDLED_MODELS)
     num_labels: Optional[int] = None  # default: the number of classes of the data's `label` column
     config: Optional[Dict[str, Any]] = None  # a model built from this config (AutoConfig.for_model kwargs)
+    tokenizer: Optional[str] = None  # causal-lm: where the tokenizer comes from (default: name_or_path)
+    quantization: Optional[Dict[str, Any]] = None  # causal-lm: BitsAndBytesConfig kwargs (QLoRA)
 
 
 @dataclass
@@ -46,11 +50,13 @@ class DataSection:
     max_length: int = 64  # text tasks: truncation length in tokens
     text_column: str = "text"
     image_size: int = 8  # bundled-digits: side of the (resized) images
+    generation_rows: int = 0  # causal-lm: held-out prompt/completion rows also scored by generation
 
 
 BUNDLED_DATASETS: Dict[str, Callable[[DataSection], Any]] = {
     "bundled-tweets": lambda data: load_tweets(),
     "bundled-digits": lambda data: load_digits_images(size=data.image_size),
+    "bundled-tweets-instructions": lambda data: load_tweet_instructions(),
 }
 
 
@@ -62,6 +68,8 @@ class Built:
     eval_dataset: Any
     data_collator: Any = None
     processing_class: Any = None
+    compute_metrics: Any = None
+    callbacks: List[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -136,8 +144,15 @@ def load_recipe(path: str) -> Recipe:
     if (recipe.model.name_or_path is None) == (recipe.model.config is None):
         raise ValueError(f"{path}: give exactly one of `model.name_or_path` (pretrained) and `model.config` "
                          "(a model built from a config).")
-    if recipe.model.name_or_path is not None:
-        _check_model_source(recipe.model.name_or_path)
+    for source in (recipe.model.name_or_path, recipe.model.tokenizer):
+        if source is not None:
+            _check_model_source(source)
+    if recipe.model.task != "causal-lm" and (recipe.model.tokenizer or recipe.model.quantization
+                                             or recipe.data.generation_rows):
+        raise ValueError(f"{path}: `model.tokenizer`, `model.quantization` and `data.generation_rows` are for "
+                         "`model.task: causal-lm`.")
+    if recipe.model.task == "causal-lm" and recipe.model.config is not None and recipe.model.tokenizer is None:
+        raise ValueError(f"{path}: a causal LM built from `model.config` needs `model.tokenizer` (its vocabulary).")
     _check_data_source(recipe.data.dataset)
     return recipe
 
@@ -225,7 +240,7 @@ def build_sequence_classification(recipe: Recipe, splits) -> Built:
                         remove_columns=[column])
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=_num_labels(recipe, splits))
     return Built(_with_lora(model, recipe, "SEQ_CLS"), splits["train"], splits["test"],
-                 DataCollatorWithPadding(tokenizer), tokenizer)
+                 DataCollatorWithPadding(tokenizer), tokenizer, compute_metrics=accuracy_metrics)
 
 
 def build_image_classification(recipe: Recipe, splits) -> Built:
@@ -239,7 +254,45 @@ def build_image_classification(recipe: Recipe, splits) -> Built:
     else:
         model = AutoModelForImageClassification.from_pretrained(resolve_model(recipe.model.name_or_path),
                                                                 num_labels=num_labels)
-    return Built(_with_lora(model, recipe, None), splits["train"], splits["test"])
+    return Built(_with_lora(model, recipe, None), splits["train"], splits["test"], compute_metrics=accuracy_metrics)
+
+
+def build_causal_lm(recipe: Recipe, splits) -> Built:
+    """Causal-LM SFT: the loss on completion / assistant tokens only (:func:`fedhf.data.sft.tokenize_sft`), rows
+    padded per batch. A pretrained model (4/8-bit with ``model.quantization``, prepared for k-bit training), or
+    one built from ``model.config`` with ``model.tokenizer``'s vocabulary. Each evaluation reports perplexity,
+    and with ``data.generation_rows`` the first-word accuracy of greedy answers to that many held-out prompts."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .data.sft import SFTCollator, tokenize_sft
+    from .metrics import GenerationEvalCallback
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(recipe.model.tokenizer or recipe.model.name_or_path))
+    if recipe.model.config is not None:
+        config = AutoConfig.for_model(**{"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                                         **recipe.model.config})
+        model = AutoModelForCausalLM.from_config(config)
+    else:
+        quantised = {}
+        if recipe.model.quantization:
+            from transformers import BitsAndBytesConfig
+
+            quantised["quantization_config"] = BitsAndBytesConfig(**recipe.model.quantization)
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(recipe.model.name_or_path), **quantised)
+        if quantised:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model)
+    held_out = splits["test"]
+    rows = min(recipe.data.generation_rows, len(held_out))
+    if rows and not {"prompt", "completion"} <= set(held_out.column_names):
+        raise ValueError(f"{recipe.path}: `data.generation_rows` scores answers to prompts: the data needs `prompt` "
+                         f"and `completion` columns, it has {held_out.column_names}.")
+    prompts, answers = (held_out[:rows]["prompt"], held_out[:rows]["completion"]) if rows else ((), ())
+    train = tokenize_sft(splits["train"], tokenizer, max_length=recipe.data.max_length)
+    test = tokenize_sft(held_out, tokenizer, max_length=recipe.data.max_length)
+    return Built(_with_lora(model, recipe, "CAUSAL_LM"), train, test, SFTCollator(tokenizer), tokenizer,
+                 callbacks=[GenerationEvalCallback(tokenizer, prompts, answers)])
 
 
 def resolve_model(name: str) -> str:
@@ -250,4 +303,5 @@ def resolve_model(name: str) -> str:
 TASKS: Dict[str, Callable[[Recipe, Any], Built]] = {
     "sequence-classification": build_sequence_classification,
     "image-classification": build_image_classification,
+    "causal-lm": build_causal_lm,
 }

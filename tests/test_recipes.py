@@ -5,6 +5,7 @@ example runs on a tiny budget."""
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import sys
 
@@ -20,6 +21,7 @@ from fedhf.recipes import TASKS, load_recipe
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 TWEETS = ROOT / "recipes" / "tweets_minilm_lora_scaffold_dir0.3_n12.yaml"
+LLM = ROOT / "recipes" / "tweets_tinyllama_sft_fedmuon_dir0.5_n8.yaml"
 
 
 def test_there_are_recipes():
@@ -58,7 +60,11 @@ def _tweets():
     (lambda r: r["data"].update(rows=10), r"\['rows'\] in section `data:`"),
     (lambda r: r["lora"].update(rank=8), r"\['rank'\] in section `lora:`.*LoraConfig"),
     (lambda r: r["train"].update(num_client=3), r"\['num_client'\] in section `train:`.*FederatedConfig"),
-    (lambda r: r["model"].update(task="causal-lm"), r"unknown `model.task` 'causal-lm'.*image-classification"),
+    (lambda r: r["model"].update(task="speech-recognition"), r"unknown `model.task` 'speech-recognition'.*causal-lm"),
+    (lambda r: r["model"].update(tokenizer="bundled-minilm"), r"`model.tokenizer`.*are for `model.task: causal-lm`"),
+    (lambda r: r["data"].update(generation_rows=5), r"`data.generation_rows` are for `model.task: causal-lm`"),
+    (lambda r: r["model"].update(task="causal-lm", name_or_path=None, config={"model_type": "llama"}),
+     r"built from `model.config` needs `model.tokenizer`"),
     (lambda r: r["model"].update(name_or_path="bundled-bert"), r"bundled model 'bundled-bert'.*bundled-minilm"),
     (lambda r: r["data"].update(dataset="bundled-imdb"), r"bundled dataset 'bundled-imdb'.*bundled-tweets"),
     (lambda r: r["data"].update(dataset="./no/such.csv"), r"`data.dataset` './no/such.csv' does not exist"),
@@ -101,3 +107,22 @@ def test_quickstart_runs_end_to_end_on_a_tiny_budget(tmp_path, monkeypatch):
     assert [h["round"] for h in history] == [0, 1, 2] and history[-1]["eval_accuracy"] == accuracy
     assert (tmp_path / "federated_history.png").exists()
     assert (tmp_path / "final" / "adapter_model.safetensors").exists()
+
+
+def test_causal_lm_recipe_runs_end_to_end_on_a_tiny_budget(tmp_path):
+    """The LLM recipe through the command (its data shrunk): SFT loss falls, perplexity is exp(eval loss), the
+    generation accuracy over held-out prompts is reported, and the full model is saved."""
+    from fedhf.cli import train
+
+    values = yaml.safe_load(LLM.read_text())
+    values["data"].update(train_rows=200, eval_rows=16, generation_rows=16)
+    last = train(_write(tmp_path, values), ["--output_dir", str(tmp_path / "out"), "--num_rounds", "2",
+                                            "--local_steps", "3", "--eval_every_rounds", "1"])
+    history = json.loads((tmp_path / "out" / "federated_history.json").read_text())
+    evaluated = [h for h in history if "eval_loss" in h]
+    assert [h["round"] for h in evaluated] == [0, 1, 2] and last == history[-1]
+    assert evaluated[-1]["eval_loss"] < evaluated[0]["eval_loss"] - 1.0  # from ~ln(30522) = 10.3
+    for h in evaluated:
+        assert h["eval_perplexity"] == pytest.approx(math.exp(h["eval_loss"]), rel=1e-9)
+        assert 0.0 <= h["eval_generation_accuracy"] <= 1.0
+    assert (tmp_path / "out" / "final" / "model.safetensors").exists()
