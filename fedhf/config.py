@@ -79,6 +79,11 @@ class FederatedConfig(TrainingArguments):
                           "go to `client_state_dir` as safetensors. Default: unlimited."})
     client_state_dir: Optional[str] = field(
         default=None, metadata={"help": "Where per-client state spills to; default: output_dir/client_state."})
+    batched_clients: int = field(
+        default=1,
+        metadata={"help": "Train this many of a round's clients at once: their adapters stacked on the one resident "
+                          "base, one forward/backward over their concatenated batches, each client its own "
+                          "gradient, optimizer and correction (fedhf/batched_clients.py). 1 = one at a time."})
     # --- the split ---
     partition: str = field(default="dirichlet", metadata={"help": f"How rows go to clients: {PARTITIONERS}."})
     partition_column: str = field(
@@ -191,6 +196,7 @@ class FederatedConfig(TrainingArguments):
             (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
             (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
             (self.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
+            (self.batched_clients >= 1, "`batched_clients` must be >= 1 (1 = one client at a time)"),
             (not self.average_tokens_across_devices,
              "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
              "clients (local steps never all-reduce); leave it False"),

@@ -40,12 +40,13 @@ from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import partition_dataset, save_partition_report
 from .data.checks import check_datasets, check_not_streaming
+from .batched_round import BatchedRound, check_batched_clients
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
 from .metrics import drift, plot_history, spectral_drift
 from .message import Message
-from .model_outputs import logits_of
+from .model_outputs import logits_of, loss_items
 from .optim import ModelAccess, OptimizerHooks
 from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
@@ -60,17 +61,7 @@ from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, shoul
 logger = logging.get_logger(__name__)
 
 
-def loss_items(batch: dict, shifted: bool) -> int:
-    """What a batch's mean loss is over: its label tokens != -100 (after a causal LM's shift) when labels are per
-    token, else its rows."""
-    labels = batch.get("labels")
-    if torch.is_tensor(labels) and labels.ndim >= 2:
-        return int(labels[..., 1:].ne(-100).sum() if shifted else labels.ne(-100).sum())
-    tensor = labels if torch.is_tensor(labels) else next(v for v in batch.values() if torch.is_tensor(v))
-    return int(tensor.shape[0])
-
-
-class FederatedTrainer(RunOutputs, Trainer):
+class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -98,6 +89,7 @@ class FederatedTrainer(RunOutputs, Trainer):
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)
         self.algorithm = args.build_algorithm()
+        check_batched_clients(self)
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
                 raise ValueError("Pass `client_partitions` when `train_dataset` is not a datasets.Dataset.")
@@ -206,18 +198,23 @@ class FederatedTrainer(RunOutputs, Trainer):
         self._round_thetas = []  # (w_i, Theta_i) of this process's clients, for the spectral drift only
         downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
                                                            run.correction_state, run.sync_state))
-        for cid in tqdm(self.world.clients_of_this_process(sorted(clients)), desc=f"round {r + 1}/{args.num_rounds}",
-                        leave=False, disable=args.disable_tqdm or not self.is_local_process_zero()):
-            ctx = ClientContext(
+        mine = self.world.clients_of_this_process(sorted(clients))
+        chunks = [mine[i:i + args.batched_clients] for i in range(0, len(mine), args.batched_clients)]
+        for chunk in tqdm(chunks, desc=f"round {r + 1}/{args.num_rounds}", leave=False,
+                          disable=args.disable_tqdm or not self.is_local_process_zero()):
+            contexts = [ClientContext(
                 client_id=cid, round=r, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
                 local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
                 global_params=run.global_params, correction_state=run.correction_state, store=self.client_store,
                 sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
-            )
+            ) for cid in chunk]
             load_into(params, run.global_params)
             load_into(buffers, run.global_buffers)
-            self._train_client(ctx, buffers, sums)
-            sums.add("downlink_bytes", downlink_each)
+            if args.batched_clients > 1:
+                self._train_clients_together(contexts, sums)  # fedhf/batched_round.py
+            else:
+                self._train_client(contexts[0], buffers, sums)
+            sums.add("downlink_bytes", downlink_each * len(chunk))
 
         sums.all_reduce(gather=algo.server_rule.gathers)  # the round's only communication
         total_weight = sums.scalar("w")
@@ -229,9 +226,10 @@ class FederatedTrainer(RunOutputs, Trainer):
             # each server half reads the sums of its own component's messages
             run.correction_state = algo.correction.server_update(run.correction_state,
                                                                  replace(server_ctx, sums=sums.within("correction")))
-            run.sync_state = algo.state_sync.server_update(run.sync_state, replace(server_ctx, sums=sums.within("sync")))
-            run.global_params, run.server_state = algo.server_rule.apply(run.global_params, run.server_state,
-                                                                    replace(server_ctx, sums=sums.within("server")))
+            run.sync_state = algo.state_sync.server_update(run.sync_state,
+                                                           replace(server_ctx, sums=sums.within("sync")))
+            run.global_params, run.server_state = algo.server_rule.apply(
+                run.global_params, run.server_state, replace(server_ctx, sums=sums.within("server")))
             if run.global_buffers:
                 run.global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", run.global_buffers).items()}
         else:
@@ -255,6 +253,12 @@ class FederatedTrainer(RunOutputs, Trainer):
     # ------------------------------------------------------------------ one client
     def _train_client(self, ctx: ClientContext, buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:
         """K local steps from x^r, then the client's messages (or its exclusion) into the round's sums."""
+        optimizer = self._begin_client(ctx)
+        loss_sum = self._local_steps(ctx, optimizer)
+        self._finish_client(ctx, optimizer, loss_sum, buffers, sums)
+
+    def _begin_client(self, ctx: ClientContext) -> OptimizerHooks:
+        """The client's correction, seeded streams and optimizer (with its state-sync warm start)."""
         algo = self.algorithm
         algo.correction.client_begin(ctx)
         torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
@@ -264,7 +268,12 @@ class FederatedTrainer(RunOutputs, Trainer):
         optimizer = algo.local_optimizer.build(ctx.params, ctx.local_lr)
         algo.state_sync.client_begin(ctx, optimizer)
         optimizer.attach(self._model_access(ctx))
-        loss_sum = self._local_steps(ctx, optimizer)
+        return optimizer
+
+    def _finish_client(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: torch.Tensor,
+                       buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:
+        """The client's messages (or its exclusion) into the round's sums."""
+        algo = self.algorithm
         delta = difference(ctx.params, ctx.global_params)
         problem = self._faulty(loss_sum, delta)
         if problem:
@@ -294,7 +303,7 @@ class FederatedTrainer(RunOutputs, Trainer):
         """The local loop; returns the summed loss. A local step is one optimizer step over
         ``gradient_accumulation_steps`` micro-batches (see :meth:`_accumulate`); curvature refreshes (on the first
         micro-batch), clipping and corrections act once per step."""
-        args, correction = self.args, self.algorithm.correction
+        args = self.args
         self.optimizer = optimizer
         batches = self._client_batches(ctx.client_id, ctx.round)
         loss_sum = torch.zeros((), dtype=torch.float64)
@@ -302,15 +311,20 @@ class FederatedTrainer(RunOutputs, Trainer):
             micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
             optimizer.before_forward(step, micro_batches[0])
             loss_sum += self._accumulate(micro_batches)
-            if args.max_grad_norm is not None and args.max_grad_norm > 0:  # Trainer's meaning: <= 0 = no clipping
-                torch.nn.utils.clip_grad_norm_(ctx.params.values(), args.max_grad_norm)
-            correction.before_step(ctx)
-            self.optimizer.step()
-            correction.after_step(ctx)
-            self.optimizer.zero_grad(set_to_none=True)
+            self._optimizer_step(ctx, optimizer)
         optimizer.end_round()
         self.optimizer = None
         return loss_sum
+
+    def _optimizer_step(self, ctx: ClientContext, optimizer: OptimizerHooks) -> None:
+        """Clip the gradient, then the correction's hooks around the optimizer's step (see fedhf.corrections)."""
+        max_norm = self.args.max_grad_norm
+        if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
+            torch.nn.utils.clip_grad_norm_(ctx.params.values(), max_norm)
+        self.algorithm.correction.before_step(ctx)
+        optimizer.step()
+        self.algorithm.correction.after_step(ctx)
+        optimizer.zero_grad(set_to_none=True)
 
     def _accumulate(self, micro_batches: List[dict]) -> torch.Tensor:
         """Gradients of one optimizer step over G micro-batches, equal to those of one backward over their union;

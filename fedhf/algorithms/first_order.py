@@ -42,7 +42,8 @@ def local_muon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 
 @ALGORITHMS.register("fedavgm")
 def fedavgm(lr: float = 0.1, weight_decay: float = 1e-4, server_lr: float = 1.0, server_momentum: float = 0.9) -> Algorithm:
     """FedAvgM, server momentum (Hsu et al., 2019). Sends |x| each way. Defaults: FedPM Table 4."""
-    return Algorithm("fedavgm", _sgd(lr, weight_decay), server_rule=ServerRule(Mean(), [ServerMomentum(server_lr, server_momentum)]))
+    return Algorithm("fedavgm", _sgd(lr, weight_decay),
+                     server_rule=ServerRule(Mean(), [ServerMomentum(server_lr, server_momentum)]))
 
 
 @ALGORITHMS.register("fedprox")
@@ -55,7 +56,8 @@ def fedprox(lr: float = 0.1, weight_decay: float = 1e-3, mu: float = 1e-3) -> Al
 def scaffold(lr: float = 0.1, weight_decay: float = 1e-3, server_lr: float = 1.0) -> Algorithm:
     """SCAFFOLD option II (Karimireddy et al., 2020). Sends Delta and Delta_c up, x and c down (2|x| each).
     Client variates c_i persist per client id. Defaults: FedPAC Table 8."""
-    return Algorithm("scaffold", _sgd(lr, weight_decay), correction=ControlVariate(), server_rule=ServerRule(Mean(), [Step(server_lr)]))
+    return Algorithm("scaffold", _sgd(lr, weight_decay), correction=ControlVariate(),
+                     server_rule=ServerRule(Mean(), [Step(server_lr)]))
 
 
 @ALGORITHMS.register("fedcm")
@@ -67,7 +69,8 @@ def fedcm(lr: float = 0.1, weight_decay: float = 1e-3, beta: float = 0.9) -> Alg
 
 def _fedopt(kind: str, lr: float, weight_decay: float, server_lr: float, beta1: float, beta2: float, tau: float):
     return Algorithm(f"fed{kind}", _sgd(lr, weight_decay),
-                     server_rule=ServerRule(Mean(), [AdaptiveServer(kind, lr=server_lr, beta1=beta1, beta2=beta2, tau=tau)]))
+                     server_rule=ServerRule(Mean(), [AdaptiveServer(kind, lr=server_lr, beta1=beta1, beta2=beta2,
+                                                                    tau=tau)]))
 
 
 @ALGORITHMS.register("fedadam")

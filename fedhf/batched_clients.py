@@ -1,0 +1,154 @@
+"""Several clients in one forward/backward over the resident base: stacked adapters, rows routed per client.
+
+A federated LoRA client trains a few MB of adapter on top of a frozen base of GBs; run one client at a time and
+the accelerator mostly waits. With ``batched_clients = C`` the trainer trains C of a round's clients at once:
+every trainable ``nn.Linear`` (LoRA's A and B, a classification head) is replaced for the chunk by a
+:class:`RoutedLinear` holding C stacked copies (A[C, r, in], B[C, out, r]); the C clients' batches are
+concatenated (client-major rows, padded on the right to one length) and go through the frozen base once, and
+row block c goes through copy c. The loss is the sum over clients of each client's own mean (tokens after the
+causal shift, or rows), so the gradient of copy c is exactly client c's gradient: the other clients' rows do
+not touch it. Each client keeps its own optimizer, correction and state sync, acting on its copy through
+parameters that are views of the stacked tensors, so every local optimizer whose step reads only its own
+parameters works unchanged (not those that run the model themselves: Sophia, FOOF).
+
+Prior art for one base and many adapters in one pass: S-LoRA / Punica (inference), mLoRA/ASPEN (Ye et al.,
+2023, arXiv:2312.02515) and LoRAFusion (independent fine-tuning jobs); here the jobs are federated clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Mapping, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+PAD_VALUES = {"labels": IGNORE_INDEX, "attention_mask": 0}  # every other padded column: 0 (e.g. input_ids)
+
+
+@dataclass
+class Routing:
+    """Which rows of the concatenated batch belong to which copy: copy c owns rows ``segments[c]``."""
+    segments: List[Tuple[int, int]] = field(default_factory=list)
+
+
+class RoutedLinear(torch.nn.Module):
+    """C stacked copies of a ``nn.Linear``; row block c of the input goes through copy c. Its parameters keep the
+    names ``weight``/``bias``, so the model's parameter names are unchanged."""
+
+    def __init__(self, linear: torch.nn.Linear, copies: int, routing: Routing) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(linear.weight.detach().unsqueeze(0).repeat(copies, 1, 1))
+        self.bias = (None if linear.bias is None
+                     else torch.nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(copies, 1)))
+        self.routing = routing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([F.linear(x[start:stop], self.weight[c], None if self.bias is None else self.bias[c])
+                          for c, (start, stop) in enumerate(self.routing.segments)])
+
+
+def trainable_linears(model: torch.nn.Module) -> Dict[str, torch.nn.Linear]:
+    """The modules that hold the trainable parameters, by name; every trainable parameter must be the weight or
+    bias of a plain ``nn.Linear`` whose parameters are all trainable (LoRA A/B, linear heads)."""
+    owners: Dict[str, torch.nn.Module] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            module_name = name.rpartition(".")[0]
+            owners[module_name] = model.get_submodule(module_name)
+    bad = sorted(n for n, m in owners.items()
+                 if type(m) is not torch.nn.Linear or not all(p.requires_grad for p in m.parameters()))
+    if bad:
+        raise ValueError(f"`batched_clients` stacks trainable nn.Linear layers (LoRA A/B, linear heads); these "
+                         f"trainable modules are not: {bad[:4]}. Use LoRA on linear layers (no embedding/conv "
+                         "adapters) or `batched_clients=1`.")
+    return owners
+
+
+Views = List[Dict[str, torch.nn.Parameter]]
+
+
+@contextlib.contextmanager
+def stacked_clients(model: torch.nn.Module, copies: int) -> Iterator[Tuple[Routing, Views]]:
+    """Swap every trainable linear for a :class:`RoutedLinear` of ``copies`` copies (each starting from the
+    module's current values) for the duration of the block. Yields the routing and, per copy, a dict of
+    parameters under the model's own names that are views of that copy (optimizers and corrections act on
+    them; their ``.grad`` is set by :func:`expose_gradients`). The original modules come back afterwards."""
+    routing = Routing()
+    originals = trainable_linears(model)
+    routed = {name: RoutedLinear(linear, copies, routing) for name, linear in originals.items()}
+    for name, module in routed.items():
+        _replace(model, name, module)
+    try:
+        views: Views = [{} for _ in range(copies)]
+        for name, module in routed.items():
+            for pname, stacked in module.named_parameters():
+                for c in range(copies):
+                    views[c][f"{name}.{pname}"] = torch.nn.Parameter(stacked.data[c])
+        yield routing, views
+    finally:
+        for name, module in originals.items():
+            _replace(model, name, module)
+
+
+def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def expose_gradients(model: torch.nn.Module, views: Sequence[Mapping[str, torch.nn.Parameter]]) -> None:
+    """After a backward: each view's ``.grad`` becomes its slice of the stacked gradient (edits write through)."""
+    stacked = dict(model.named_parameters())
+    for c, params in enumerate(views):
+        for name, p in params.items():
+            grad = stacked[name].grad
+            p.grad = None if grad is None else grad[c]
+
+
+def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]]) -> Tuple[Dict[str, torch.Tensor], Routing]:
+    """One batch of the clients' batches, client-major; columns of different lengths padded on the right
+    (labels with -100, the attention mask with 0, the rest with 0), which needs an attention mask."""
+    keys = list(batches[0])
+    if any(list(b) != keys for b in batches):
+        raise ValueError("batched clients need batches with the same columns.")
+    out = {}
+    for key in keys:
+        tensors = [b[key] for b in batches]
+        if not torch.is_tensor(tensors[0]):
+            raise ValueError(f"batched clients need tensor columns; `{key}` is {type(tensors[0]).__name__}.")
+        length = max(t.shape[1] for t in tensors) if tensors[0].ndim >= 2 else None
+        if length is not None and any(t.shape[1] != length for t in tensors):
+            if "attention_mask" not in keys:
+                raise ValueError("batched clients pad rows to one length, which needs an `attention_mask` column.")
+            fill = PAD_VALUES.get(key, 0)
+            tensors = [F.pad(t, (0, 0) * (t.ndim - 2) + (0, length - t.shape[1]), value=fill) for t in tensors]
+        out[key] = torch.cat(tensors)
+    starts = [0]
+    for b in batches:
+        starts.append(starts[-1] + len(b[keys[0]]))
+    return out, Routing(list(zip(starts[:-1], starts[1:])))
+
+
+def row_losses(logits: torch.Tensor, labels: torch.Tensor, shifted: bool) -> torch.Tensor:
+    """Per row, the loss summed over its items (label tokens != -100, or the row itself), as the model's own loss
+    computes it before its mean: cross-entropy in fp32 (after the causal shift when ``shifted``), or the squared
+    error of a one-output regression head."""
+    if labels.ndim >= 2:  # per-token labels (causal LM: predict token t+1 from position t)
+        if shifted:
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="none")
+        return loss.view(labels.shape).flatten(1).sum(1)
+    if logits.shape[-1] == 1 and labels.is_floating_point():  # regression head
+        return F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction="none")
+    if labels.is_floating_point():
+        raise ValueError("batched clients support single-label classification, regression and per-token labels; "
+                         "for multi-label (float) labels use `batched_clients=1`.")
+    return F.cross_entropy(logits.float(), labels, reduction="none")
+
+
+def per_client(values: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """Sum of ``values`` over each client's rows: shape (C,)."""
+    return torch.stack([values[start:stop].sum() for start, stop in routing.segments])

@@ -1,0 +1,95 @@
+"""The trainer's half of ``batched_clients``: C of a round's clients trained together (fedhf/batched_clients.py).
+
+Each client keeps everything it has when trained alone: its own data stream (the same batches, in the same
+order), its optimizer and optimizer state, its correction, its state-sync warm start, its clipping, its message.
+Only the forward/backward is shared: one pass over the C clients' concatenated micro-batches, whose loss is the
+sum of each client's own mean (over its label tokens or rows across the step's micro-batches, as
+:meth:`FederatedTrainer._accumulate` weighs them), so each client's copy of the adapter receives exactly its own
+gradient. The global model equals sequential training up to float rounding (the base runs on a larger batch).
+
+What cannot be shared is refused when the trainer is built (:func:`check_batched_clients`), with the fix named.
+Dropout draws its masks for the concatenated batch (same distribution, another random stream than sequential
+clients), so bit-equality with sequential training needs a model without active dropout.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .aggregation import RoundSums
+from .batched_clients import concat_batches, expose_gradients, per_client, row_losses, stacked_clients
+from .context import ClientContext
+from .model_outputs import logits_of, loss_items
+
+
+def check_batched_clients(trainer) -> None:
+    """Refuse, before any work, the settings under which clients cannot share a forward/backward."""
+    args = trainer.args
+    if args.batched_clients == 1:
+        return
+    from .batched_clients import trainable_linears
+    from .params import federated_buffers
+
+    trainable_linears(trainer.model)  # raises naming the modules that cannot be stacked
+    problems = []
+    if trainer.algorithm.local_optimizer.needs_model:
+        problems.append(f"the local optimizer {trainer.algorithm.local_optimizer.cls.__name__} runs the model "
+                        "itself for its curvature (choose sgd, adamw, muon, soap, amsgrad or covariance_adam)")
+    if federated_buffers(trainer.model):
+        problems.append("the model has averaged buffers (BatchNorm statistics would mix the clients' rows)")
+    if args.neftune_noise_alpha:
+        problems.append("`neftune_noise_alpha` (its noise is drawn per forward pass)")
+    if args.label_smoothing_factor:
+        problems.append("`label_smoothing_factor` (the per-client loss is the model's plain loss)")
+    if trainer.compute_loss_func is not None:
+        problems.append("a `compute_loss_func` (the per-client loss is computed from the logits)")
+    if problems:
+        raise ValueError(f"`batched_clients={args.batched_clients}` cannot train clients together with "
+                         + "; ".join(problems) + ". Set `batched_clients=1` or change that setting.")
+
+
+class BatchedRound:
+    """Mixed into :class:`fedhf.trainer.FederatedTrainer`."""
+
+    def _train_clients_together(self, contexts: List[ClientContext], sums: RoundSums) -> None:
+        args = self.args
+        with stacked_clients(self.model, len(contexts)) as (routing, views):
+            optimizers = []
+            for ctx, params in zip(contexts, views):
+                ctx.params = params  # the client's copy: views of the stacked adapters
+                optimizers.append(self._begin_client(ctx))
+            streams = [self._client_batches(ctx.client_id, ctx.round) for ctx in contexts]
+            losses = torch.zeros(len(contexts), dtype=torch.float64)
+            for step in range(args.local_steps):
+                micro = [[next(s) for _ in range(args.gradient_accumulation_steps)] for s in streams]
+                for optimizer, batches in zip(optimizers, micro):
+                    optimizer.before_forward(step, batches[0])
+                losses += self._shared_backward(micro, routing)
+                expose_gradients(self.model, views)
+                for ctx, optimizer in zip(contexts, optimizers):
+                    self._optimizer_step(ctx, optimizer)
+                self.model.zero_grad(set_to_none=True)
+            for ctx, optimizer, loss in zip(contexts, optimizers, losses):
+                optimizer.end_round()
+                self._finish_client(ctx, optimizer, loss, {}, sums)
+
+    def _shared_backward(self, micro: List[List[dict]], routing) -> torch.Tensor:
+        """One backward per micro-batch over the clients' concatenated rows; returns each client's step loss
+        (its mean over the step's micro-batches), shape (C,)."""
+        shifted = self._loss_shifts_labels
+        items = torch.tensor([max(sum(loss_items(b, shifted) for b in batches), 1) for batches in micro],
+                             dtype=torch.float64)
+        step_loss = torch.zeros(len(micro), dtype=torch.float64)
+        for m in range(len(micro[0])):
+            batch, rows = concat_batches([batches[m] for batches in micro])
+            routing.segments = rows.segments
+            inputs = self._prepare_inputs(batch)
+            labels = inputs.pop("labels")
+            with self.autocast_smart_context_manager():
+                logits = logits_of(self.model(**inputs))
+            client_loss = per_client(row_losses(logits, labels, shifted), routing) / items.to(logits.device)
+            self.accelerator.backward(client_loss.sum())
+            step_loss += client_loss.detach().double().cpu()
+        return step_loss

@@ -1,0 +1,136 @@
+"""batched_clients = C: C clients' adapters stacked on one resident base, one forward/backward over their
+concatenated batches. The global model must equal sequential training (float tolerance: the base runs on a
+larger, padded batch) for every algorithm it supports, with rows of different lengths, clients whose last batch
+is short, micro-batching and a trainable head; what it cannot do is refused before any work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, TaskType, get_peft_model
+
+from fedhf import FederatedTrainer
+from fedhf.batched_clients import RoutedLinear, Routing, concat_batches
+from fedhf.data.sft import SFTCollator
+
+from .helpers import config, lora_minilm, tiny_llama_lora, trainable_state, tweet_sft, tweet_trainer
+
+
+@pytest.fixture(scope="module")
+def sft(tokenizer):
+    return tweet_sft(tokenizer, n_train=90, n_test=8, max_length=40)  # 90 rows over 6 clients: short last batches
+
+
+def _llm_run(tmp_path, tokenizer, sft, batched, **overrides):
+    model = tiny_llama_lora(len(tokenizer))
+    settings = dict(algorithm="fedavg", num_clients=6, clients_per_round=5, num_rounds=2, local_steps=3,
+                    per_device_train_batch_size=4, partition="iid", learning_rate=0.05, batched_clients=batched,
+                    partition_report=False)
+    settings.update(overrides)
+    args = config(tmp_path / f"b{batched}", **settings)
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=sft["train"],
+                               data_collator=SFTCollator(tokenizer))
+    trainer.train()
+    return trainable_state(model), trainer.federated_history
+
+
+def _assert_same_run(a, b, atol=2e-5):
+    (state_a, history_a), (state_b, history_b) = a, b
+    for name in state_a:
+        torch.testing.assert_close(state_b[name], state_a[name], rtol=0, atol=atol, msg=name)
+    for h_a, h_b in zip(history_a, history_b):
+        assert h_a["participants"] == h_b["participants"] and h_a["uplink_MB"] == h_b["uplink_MB"]
+        assert h_a["train_loss"] == pytest.approx(h_b["train_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("algorithm, overrides", [
+    ("fedavg", {}),
+    ("scaffold", {}),  # a correction with per-client state in the store
+    ("fedpac_muon", {"learning_rate": 1e-3}),  # Muon + global-direction mixing + averaged momentum
+    ("fadam_gt", {"learning_rate": 1e-3}),  # AMSGrad + gradient tracking + persistent per-client v_hat
+])
+def test_causal_lm_clients_together_equal_clients_one_by_one(tmp_path, tokenizer, sft, algorithm, overrides):
+    sequential = _llm_run(tmp_path, tokenizer, sft, 1, algorithm=algorithm, **overrides)
+    together = _llm_run(tmp_path, tokenizer, sft, 3, algorithm=algorithm, **overrides)  # chunks of 3 and 2
+    _assert_same_run(sequential, together)
+    start = trainable_state(tiny_llama_lora(len(tokenizer)))
+    assert any(not torch.allclose(start[n], sequential[0][n]) for n in start)  # the adapter did train
+
+
+def test_micro_batches_with_different_token_counts_per_client(tmp_path, tokenizer, sft):
+    """Each client's step is the per-token mean over its own micro-batches, whatever the others hold."""
+    overrides = dict(gradient_accumulation_steps=2, per_device_train_batch_size=3, max_grad_norm=0.5)
+    _assert_same_run(_llm_run(tmp_path, tokenizer, sft, 1, **overrides),
+                     _llm_run(tmp_path, tokenizer, sft, 5, **overrides))
+
+
+def test_classifier_with_a_trainable_head(tmp_path, minilm, tweets, tokenizer):
+    """LoRA + the classification head (modules_to_save) stacked; rows padded to the longest client's length."""
+    def run(batched):
+        model = lora_minilm(minilm, dropout=False)
+        args = config(tmp_path / f"c{batched}", algorithm="fedprox", num_clients=4, clients_per_round=4, num_rounds=1,
+                      local_steps=2, per_device_train_batch_size=8, batched_clients=batched, partition_report=False)
+        trainer = tweet_trainer(model, tweets, tokenizer, args, evaluate=False)
+        trainer.train()
+        return trainable_state(model), trainer.federated_history
+
+    sequential, together = run(1), run(4)
+    assert any("classifier" in name for name in sequential[0])
+    _assert_same_run(sequential, together)
+
+
+def test_each_copy_gets_only_its_own_rows_gradient():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(5, 3)
+    routing = Routing([(0, 2), (2, 5)])
+    routed = RoutedLinear(linear, 2, routing)
+    x = torch.randn(5, 5)
+    (routed(x) ** 2).sum().backward()
+    for c, (start, stop) in enumerate(routing.segments):
+        alone = torch.nn.Linear(5, 3)
+        alone.load_state_dict(linear.state_dict())
+        (alone(x[start:stop]) ** 2).sum().backward()
+        torch.testing.assert_close(routed.weight.grad[c], alone.weight.grad, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(routed.bias.grad[c], alone.bias.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_concatenation_pads_on_the_right_and_records_each_clients_rows():
+    a = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+         "labels": torch.tensor([[-100, 6, 7]])}
+    b = {"input_ids": torch.tensor([[8], [9]]), "attention_mask": torch.ones(2, 1, dtype=torch.long),
+         "labels": torch.tensor([[8], [9]])}
+    batch, routing = concat_batches([a, b])
+    assert routing.segments == [(0, 1), (1, 3)]
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0], [9, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100], [9, -100, -100]]
+    del a["attention_mask"], b["attention_mask"]
+    with pytest.raises(ValueError, match="attention_mask"):
+        concat_batches([a, b])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"algorithm": "fedpac_sophia"}, "Sophia runs the model itself"),
+    ({"neftune_noise_alpha": 5.0}, "neftune_noise_alpha"),
+    ({"label_smoothing_factor": 0.1}, "label_smoothing_factor"),
+])
+def test_what_cannot_share_a_pass_is_refused_before_work(tmp_path, tokenizer, sft, overrides, message):
+    args = config(tmp_path, batched_clients=2, num_clients=2, clients_per_round=2, partition="iid", **overrides)
+    with pytest.raises(ValueError, match=f"batched_clients=2.*{message}.*batched_clients=1"):
+        FederatedTrainer(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=sft["train"],
+                         data_collator=SFTCollator(tokenizer))
+    run = tmp_path / "run"
+    assert not run.exists() or not any(run.iterdir())  # nothing written
+
+
+def test_non_linear_trainable_modules_are_refused(tmp_path, tokenizer, sft):
+    model = get_peft_model(tiny_llama_lora(len(tokenizer)).base_model.model,
+                           LoraConfig(r=2, target_modules=["embed_tokens"], task_type=TaskType.CAUSAL_LM))
+    args = config(tmp_path, batched_clients=2, num_clients=2, clients_per_round=2, partition="iid")
+    with pytest.raises(ValueError, match="embed_tokens.*batched_clients=1"):
+        FederatedTrainer(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+
+
+def test_batched_clients_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="batched_clients"):
+        config(tmp_path, batched_clients=0)
