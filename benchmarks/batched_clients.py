@@ -1,0 +1,128 @@
+"""Batched multi-client LoRA: one round of C clients trained together vs one at a time, on the same data.
+
+Model and data as benchmarks/llm.py: a LlamaForCausalLM built from a config (hidden 256, 4 layers, the MiniLM
+tokenizer's 30,522-token vocabulary; ``--hidden``/``--layers`` for a bigger one on a GPU), LoRA r16 on every
+linear layer, the bundled tweets cut into blocks of ``--seq`` tokens. FedAvg (SGD), ``--clients`` clients per round,
+``--local_steps`` steps of ``--batch`` rows each. For each ``batched_clients`` value the same rounds run from the
+same initial model; a round is timed from its start to its end (callback), the fastest of ``--rounds`` is kept.
+Also printed: the peak memory (GPU: ``torch.cuda.max_memory_allocated``; CPU: the process's peak RSS, which only
+grows, so read the GPU column for memory) and the largest difference of the final adapter from the one-at-a-time
+run (the two must agree to float rounding; tests/test_batched_clients.py asserts it).
+
+Last line: ``batched_clients_speedup C2=..x C4=..x ...`` (round time one-at-a-time / batched, from one run).
+
+    python benchmarks/batched_clients.py [--clients 8 --local_steps 4 --batch 4 --seq 128 --sizes 1,2,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from llm import blocks  # noqa: E402  (benchmarks/llm.py: the same data)
+
+
+def build(directory: str, tokenizer, hidden: int, layers: int, device: str):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                             max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)
+        LlamaForCausalLM(config).save_pretrained(directory)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, device_map=device)
+    torch.manual_seed(0)
+    return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
+                                            task_type="CAUSAL_LM"))
+
+
+def run(batched: int, opts, model_dir: str, tokenizer, data, device: str) -> dict:
+    import torch
+    from transformers import TrainerCallback, default_data_collator
+
+    from fedhf import FederatedConfig, FederatedTrainer
+
+    rounds = []
+
+    class RoundClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            self.begin = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            rounds.append(time.perf_counter() - self.begin)
+
+    model = build(model_dir, tokenizer, opts.hidden, opts.layers, device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    with tempfile.TemporaryDirectory() as out:
+        args = FederatedConfig(output_dir=out, num_clients=opts.clients, clients_per_round=opts.clients,
+                               num_rounds=opts.rounds, local_steps=opts.local_steps, partition="iid",
+                               algorithm="fedavg", learning_rate=0.1, round_lr_schedule="constant",
+                               per_device_train_batch_size=opts.batch, batched_clients=batched, max_grad_norm=0.0,
+                               report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
+                               partition_report=False, use_cpu=device == "cpu", bf16=device == "cuda", seed=0)
+        FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator,
+                         callbacks=[RoundClock()]).train()
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    adapter = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {"seconds": min(rounds), "peak_MB": peak / 2**20, "adapter": adapter}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--local_steps", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds per setting; the fastest is kept")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--sizes", default="1,2,4,8", help="batched_clients values (1 = one at a time)")
+    opts = parser.parse_args()
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from fedhf.demo_data import minilm_path
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    data = blocks(tokenizer, opts.seq, opts.clients * 16)
+    sizes = [int(s) for s in opts.sizes.split(",")]
+    if sizes[0] != 1:
+        parser.error("--sizes must start with 1 (the one-at-a-time reference)")
+    results = {}
+    with tempfile.TemporaryDirectory() as model_dir:
+        for size in sizes:
+            results[size] = r = run(size, opts, model_dir, tokenizer, data, device)
+            gap = max(float((r["adapter"][n] - results[1]["adapter"][n]).abs().max()) for n in r["adapter"])
+            tokens = opts.clients * opts.local_steps * opts.batch * opts.seq
+            print(f"batched_clients={size:2d}  round {r['seconds']:7.2f} s  {tokens / r['seconds']:9.1f} tokens/s  "
+                  f"peak {r['peak_MB']:8.1f} MB  max |adapter - one-at-a-time| {gap:.2e}", flush=True)
+    name = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    print(f"device={name} threads={torch.get_num_threads()} python={platform.python_version()} "
+          f"clients={opts.clients} local_steps={opts.local_steps} batch={opts.batch} seq={opts.seq} "
+          f"hidden={opts.hidden} layers={opts.layers} best of {opts.rounds} rounds")
+    print("batched_clients_speedup " + " ".join(f"C{s}={results[1]['seconds'] / results[s]['seconds']:.2f}x"
+                                                for s in sizes[1:]))
+
+
+if __name__ == "__main__":
+    main()
