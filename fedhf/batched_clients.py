@@ -3,13 +3,12 @@
 A federated LoRA client trains a few MB of adapter on top of a frozen base of GBs; run one client at a time and
 the accelerator mostly waits. With ``batched_clients = C`` the trainer trains C of a round's clients at once:
 every trainable ``nn.Linear`` (LoRA's A and B, a classification head) is replaced for the chunk by a
-:class:`RoutedLinear` holding C stacked copies (A[C, r, in], B[C, out, r]); the C clients' batches are
-concatenated (client-major rows, padded on the right to one length) and go through the frozen base once, and
-row block c goes through copy c. The loss is the sum over clients of each client's own mean (tokens after the
+:class:`RoutedLinear` holding C copies (the equivalent of stacked A[C, r, in], B[C, out, r]); the C clients'
+batches are concatenated (client-major rows, padded on the right to one length) and go through the frozen base
+once, and row block c goes through copy c. The loss is the sum over clients of each client's own mean (tokens after the
 causal shift, or rows), so the gradient of copy c is exactly client c's gradient: the other clients' rows do
-not touch it. Each client keeps its own optimizer, correction and state sync, acting on its copy through
-parameters that are views of the stacked tensors, so every local optimizer whose step reads only its own
-parameters works unchanged (not those that run the model themselves: Sophia, FOOF).
+not touch it. Each client keeps its own optimizer, correction and state sync on its own copy; an optimizer that
+runs the model itself (Sophia's curvature probe) does so with every row routed through its client's copy.
 
 Prior art for one base and many adapters in one pass: S-LoRA / Punica (inference), mLoRA/ASPEN (Ye et al.,
 2023, arXiv:2312.02515) and LoRAFusion (independent fine-tuning jobs); here the jobs are federated clients.
@@ -18,6 +17,7 @@ Prior art for one base and many adapters in one pass: S-LoRA / Punica (inference
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Sequence, Tuple
 
@@ -33,21 +33,28 @@ class Routing:
     """Which rows of the concatenated batch belong to which copy: copy c owns rows ``segments[c]``."""
     segments: List[Tuple[int, int]] = field(default_factory=list)
 
+    def only(self, client: int, copies: int, rows: int) -> None:
+        """Send every row of a ``rows``-row batch through copy ``client`` (a client's own curvature pass)."""
+        self.segments = [(0, 0)] * client + [(0, rows)] + [(rows, rows)] * (copies - client - 1)
+
 
 class RoutedLinear(torch.nn.Module):
-    """C stacked copies of a ``nn.Linear``; row block c of the input goes through copy c. Its parameters keep the
-    names ``weight``/``bias``, so the model's parameter names are unchanged."""
+    """C copies of a ``nn.Linear``, one per client; row block c of the input goes through copy c. Each copy is an
+    ordinary ``nn.Linear`` whose parameters are that client's own leaves of the graph, so a backward puts each
+    client's gradient on its own parameters and anything that differentiates a client's loss with respect to
+    its parameters (Sophia's curvature probe) works unchanged."""
 
     def __init__(self, linear: torch.nn.Linear, copies: int, routing: Routing) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(linear.weight.detach().unsqueeze(0).repeat(copies, 1, 1))
-        self.bias = (None if linear.bias is None
-                     else torch.nn.Parameter(linear.bias.detach().unsqueeze(0).repeat(copies, 1)))
+        self.copies = torch.nn.ModuleList(copy.deepcopy(linear) for _ in range(copies))
         self.routing = routing
 
+    @property
+    def weight(self) -> torch.Tensor:  # peft casts its input to ``lora_A.weight.dtype``
+        return self.copies[0].weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([F.linear(x[start:stop], self.weight[c], None if self.bias is None else self.bias[c])
-                          for c, (start, stop) in enumerate(self.routing.segments)])
+        return torch.cat([self.copies[c](x[start:stop]) for c, (start, stop) in enumerate(self.routing.segments)])
 
 
 def trainable_linears(model: torch.nn.Module) -> Dict[str, torch.nn.Linear]:
@@ -73,20 +80,17 @@ Views = List[Dict[str, torch.nn.Parameter]]
 @contextlib.contextmanager
 def stacked_clients(model: torch.nn.Module, copies: int) -> Iterator[Tuple[Routing, Views]]:
     """Swap every trainable linear for a :class:`RoutedLinear` of ``copies`` copies (each starting from the
-    module's current values) for the duration of the block. Yields the routing and, per copy, a dict of
-    parameters under the model's own names that are views of that copy (optimizers and corrections act on
-    them; their ``.grad`` is set by :func:`expose_gradients`). The original modules come back afterwards."""
+    module's current values) for the duration of the block. Yields the routing and, per copy, its parameters
+    under the model's own names (what the client's optimizer, correction and messages use). The original
+    modules come back afterwards."""
     routing = Routing()
     originals = trainable_linears(model)
     routed = {name: RoutedLinear(linear, copies, routing) for name, linear in originals.items()}
     for name, module in routed.items():
         _replace(model, name, module)
     try:
-        views: Views = [{} for _ in range(copies)]
-        for name, module in routed.items():
-            for pname, stacked in module.named_parameters():
-                for c in range(copies):
-                    views[c][f"{name}.{pname}"] = torch.nn.Parameter(stacked.data[c])
+        views: Views = [{f"{name}.{pname}": p for name, module in routed.items()
+                          for pname, p in module.copies[c].named_parameters()} for c in range(copies)]
         yield routing, views
     finally:
         for name, module in originals.items():
@@ -96,15 +100,6 @@ def stacked_clients(model: torch.nn.Module, copies: int) -> Iterator[Tuple[Routi
 def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
-
-
-def expose_gradients(model: torch.nn.Module, views: Sequence[Mapping[str, torch.nn.Parameter]]) -> None:
-    """After a backward: each view's ``.grad`` becomes its slice of the stacked gradient (edits write through)."""
-    stacked = dict(model.named_parameters())
-    for c, params in enumerate(views):
-        for name, p in params.items():
-            grad = stacked[name].grad
-            p.grad = None if grad is None else grad[c]
 
 
 def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]]) -> Tuple[Dict[str, torch.Tensor], Routing]:

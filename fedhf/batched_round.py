@@ -1,7 +1,9 @@
 """The trainer's half of ``batched_clients``: C of a round's clients trained together (fedhf/batched_clients.py).
 
 Each client keeps everything it has when trained alone: its own data stream (the same batches, in the same
-order), its optimizer and optimizer state, its correction, its state-sync warm start, its clipping, its message.
+order), its optimizer and optimizer state, its correction, its state-sync warm start, its clipping, its message;
+an optimizer's own passes over the model (Sophia's curvature probe, FOOF's statistics) route every row through
+its client's copy.
 Only the forward/backward is shared: one pass over the C clients' concatenated micro-batches, whose loss is the
 sum of each client's own mean (over its label tokens or rows across the step's micro-batches, as
 :meth:`FederatedTrainer._accumulate` weighs them), so each client's copy of the adapter receives exactly its own
@@ -19,9 +21,10 @@ from typing import List
 import torch
 
 from .aggregation import RoundSums
-from .batched_clients import concat_batches, expose_gradients, per_client, row_losses, stacked_clients
+from .batched_clients import Routing, concat_batches, per_client, row_losses, stacked_clients
 from .context import ClientContext
 from .model_outputs import logits_of, loss_items
+from .optim import ModelAccess
 
 
 def check_batched_clients(trainer) -> None:
@@ -34,9 +37,6 @@ def check_batched_clients(trainer) -> None:
 
     trainable_linears(trainer.model)  # raises naming the modules that cannot be stacked
     problems = []
-    if trainer.algorithm.local_optimizer.needs_model:
-        problems.append(f"the local optimizer {trainer.algorithm.local_optimizer.cls.__name__} runs the model "
-                        "itself for its curvature (choose sgd, adamw, muon, soap, amsgrad or covariance_adam)")
     if federated_buffers(trainer.model):
         problems.append("the model has averaged buffers (BatchNorm statistics would mix the clients' rows)")
     if args.neftune_noise_alpha:
@@ -50,30 +50,55 @@ def check_batched_clients(trainer) -> None:
                          + "; ".join(problems) + ". Set `batched_clients=1` or change that setting.")
 
 
+def _random_state():
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+
+def _set_random_state(state) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 class BatchedRound:
     """Mixed into :class:`fedhf.trainer.FederatedTrainer`."""
 
     def _train_clients_together(self, contexts: List[ClientContext], sums: RoundSums) -> None:
         args = self.args
         with stacked_clients(self.model, len(contexts)) as (routing, views):
-            optimizers = []
-            for ctx, params in zip(contexts, views):
-                ctx.params = params  # the client's copy: views of the stacked adapters
-                optimizers.append(self._begin_client(ctx))
+            optimizers, random_states = [], []
+            for c, (ctx, params) in enumerate(zip(contexts, views)):
+                ctx.params = params  # the client's own copy of the adapters
+                optimizers.append(self._begin_client(ctx, self._routed_access(ctx, routing, c, len(contexts))))
+                random_states.append(_random_state())  # its own stream (seeded in _begin_client), kept apart
             streams = [self._client_batches(ctx.client_id, ctx.round) for ctx in contexts]
             losses = torch.zeros(len(contexts), dtype=torch.float64)
             for step in range(args.local_steps):
                 micro = [[next(s) for _ in range(args.gradient_accumulation_steps)] for s in streams]
-                for optimizer, batches in zip(optimizers, micro):
+                for c, (optimizer, batches) in enumerate(zip(optimizers, micro)):
+                    _set_random_state(random_states[c])  # e.g. Sophia's sampled labels: as if trained alone
                     optimizer.before_forward(step, batches[0])
+                    random_states[c] = _random_state()
                 losses += self._shared_backward(micro, routing)
-                expose_gradients(self.model, views)
                 for ctx, optimizer in zip(contexts, optimizers):
                     self._optimizer_step(ctx, optimizer)
                 self.model.zero_grad(set_to_none=True)
             for ctx, optimizer, loss in zip(contexts, optimizers, losses):
                 optimizer.end_round()
                 self._finish_client(ctx, optimizer, loss, {}, sums)
+
+    def _routed_access(self, ctx: ClientContext, routing: Routing, client: int, copies: int) -> ModelAccess:
+        """The client's ModelAccess with every row of a batch routed through its own copy (curvature passes)."""
+        access = self._model_access(ctx)
+
+        def routed(pass_):
+            def run(batch):
+                routing.only(client, copies, len(next(v for v in batch.values() if torch.is_tensor(v))))
+                return pass_(batch)
+            return run
+
+        return ModelAccess(access.model, routed(access.loss), routed(access.logits), access.batches)
 
     def _shared_backward(self, micro: List[List[dict]], routing) -> torch.Tensor:
         """One backward per micro-batch over the clients' concatenated rows; returns each client's step loss

@@ -257,8 +257,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         loss_sum = self._local_steps(ctx, optimizer)
         self._finish_client(ctx, optimizer, loss_sum, buffers, sums)
 
-    def _begin_client(self, ctx: ClientContext) -> OptimizerHooks:
-        """The client's correction, seeded streams and optimizer (with its state-sync warm start)."""
+    def _begin_client(self, ctx: ClientContext, access: Optional[ModelAccess] = None) -> OptimizerHooks:
+        """The client's correction, seeded streams and optimizer (with its state-sync warm start and the
+        model-aware part of its round: ``access``, by default :meth:`_model_access`)."""
         algo = self.algorithm
         algo.correction.client_begin(ctx)
         torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
@@ -267,7 +268,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         self.model.train()
         optimizer = algo.local_optimizer.build(ctx.params, ctx.local_lr)
         algo.state_sync.client_begin(ctx, optimizer)
-        optimizer.attach(self._model_access(ctx))
+        optimizer.attach(access or self._model_access(ctx))
         return optimizer
 
     def _finish_client(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: torch.Tensor,

@@ -48,6 +48,9 @@ def _assert_same_run(a, b, atol=2e-5):
     ("scaffold", {}),  # a correction with per-client state in the store
     ("fedpac_muon", {"learning_rate": 1e-3}),  # Muon + global-direction mixing + averaged momentum
     ("fadam_gt", {"learning_rate": 1e-3}),  # AMSGrad + gradient tracking + persistent per-client v_hat
+    ("fedpac_sophia", {"learning_rate": 1e-3}),  # Sophia's curvature probe runs per client, routed to its copy
+    ("local_adamw", {"learning_rate": 1e-3}),
+    ("fedpm", {}),  # FOOF: its statistics' forward passes hook the client's own copies
 ])
 def test_causal_lm_clients_together_equal_clients_one_by_one(tmp_path, tokenizer, sft, algorithm, overrides):
     sequential = _llm_run(tmp_path, tokenizer, sft, 1, algorithm=algorithm, **overrides)
@@ -64,12 +67,14 @@ def test_micro_batches_with_different_token_counts_per_client(tmp_path, tokenize
                      _llm_run(tmp_path, tokenizer, sft, 5, **overrides))
 
 
-def test_classifier_with_a_trainable_head(tmp_path, minilm, tweets, tokenizer):
-    """LoRA + the classification head (modules_to_save) stacked; rows padded to the longest client's length."""
+@pytest.mark.parametrize("algorithm", ["scaffold", "fed_sophia"])
+def test_minilm_classifier_with_a_trainable_head(tmp_path, minilm, tweets, tokenizer, algorithm):
+    """LoRA + the classification head (modules_to_save) copied per client; rows padded to the longest client's."""
     def run(batched):
         model = lora_minilm(minilm, dropout=False)
-        args = config(tmp_path / f"c{batched}", algorithm="fedprox", num_clients=4, clients_per_round=4, num_rounds=1,
-                      local_steps=2, per_device_train_batch_size=8, batched_clients=batched, partition_report=False)
+        args = config(tmp_path / f"c{batched}", algorithm=algorithm, num_clients=4, clients_per_round=4,
+                      num_rounds=2, local_steps=2, per_device_train_batch_size=8, batched_clients=batched,
+                      partition_report=False)
         trainer = tweet_trainer(model, tweets, tokenizer, args, evaluate=False)
         trainer.train()
         return trainable_state(model), trainer.federated_history
@@ -90,8 +95,11 @@ def test_each_copy_gets_only_its_own_rows_gradient():
         alone = torch.nn.Linear(5, 3)
         alone.load_state_dict(linear.state_dict())
         (alone(x[start:stop]) ** 2).sum().backward()
-        torch.testing.assert_close(routed.weight.grad[c], alone.weight.grad, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(routed.bias.grad[c], alone.bias.grad, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(routed.copies[c].weight.grad, alone.weight.grad, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(routed.copies[c].bias.grad, alone.bias.grad, rtol=1e-6, atol=1e-7)
+    routing.only(1, 2, 5)  # a client's own pass: every row through its copy
+    assert routing.segments == [(0, 0), (0, 5)]
+    torch.testing.assert_close(routed(x), routed.copies[1](x))
 
 
 def test_concatenation_pads_on_the_right_and_records_each_clients_rows():
@@ -110,7 +118,6 @@ def test_concatenation_pads_on_the_right_and_records_each_clients_rows():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"algorithm": "fedpac_sophia"}, "Sophia runs the model itself"),
     ({"neftune_noise_alpha": 5.0}, "neftune_noise_alpha"),
     ({"label_smoothing_factor": 0.1}, "label_smoothing_factor"),
 ])

@@ -120,11 +120,6 @@ class LocalOptimizer:
     def exports_preconditioners(self) -> bool:
         return self.federated and self.cls.exports_preconditioners
 
-    @property
-    def needs_model(self) -> bool:
-        """Runs the model itself for curvature (Sophia, FOOF)."""
-        return self.federated and self.cls.needs_model
-
     def build(self, params: Dict[str, torch.nn.Parameter], lr: float) -> OptimizerHooks:
         """The optimizer for one client round, behind the :class:`OptimizerHooks` protocol."""
         kwargs = {**self.kwargs, "lr": lr}

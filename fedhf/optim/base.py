@@ -33,7 +33,7 @@ NamedParams = Iterable[Union[torch.Tensor, Tuple[str, torch.Tensor]]]
 
 @dataclass
 class ModelAccess:
-    """The model-aware part of a client round (every optimizer receives it; those with ``needs_model`` use it).
+    """The model-aware part of a client round, handed to optimizers with ``needs_model = True``.
 
     ``model``: the resident model (its trainable parameters are the optimizer's).
     ``loss(batch)``: the trainer's training loss of a batch (``compute_loss`` under autocast), differentiable.
@@ -58,9 +58,6 @@ class OptimizerHooks:
     imports_theta = False
     #: :meth:`preconditioners` returns something (FedPM's preconditioned mixing needs it).
     exports_preconditioners = False
-    #: Runs the model itself through :class:`ModelAccess` (curvature passes), so it cannot share one
-    #: forward/backward with other clients (``batched_clients``).
-    needs_model = False
     #: The structure of each Theta state key; absent keys are general.
     theta_kinds: Mapping[str, str] = {}
 
