@@ -29,6 +29,7 @@ from transformers import TrainingArguments
 
 from .checks import check_batch_sizes, check_mixed_precision, check_output_dir, coerce_numeric_strings
 from .data import PARTITION_KEYS, PARTITIONERS
+from .data.embedding_key import check_encoder
 from .processes import cpu_only_launch
 from .hub import check_hub_access
 from .trainer_settings import map_round_strategies, refuse_unsupported
@@ -94,10 +95,16 @@ class FederatedConfig(TrainingArguments):
         default="column",
         metadata={"help": f"What 'dirichlet'/'natural' split by, for data with or without labels {PARTITION_KEYS}: "
                           "'column' = the values of partition_column (a float column in quantile buckets), 'length' "
-                          "= quantile bucket of the length of partition_column (text or token ids). A callable "
-                          "row -> key: FederatedTrainer(partition_key=fn). See fedhf/data/keys.py."})
+                          "= quantile bucket of the length of partition_column (text or token ids), 'embedding' = "
+                          "k-means cluster of its text's sentence embedding (partition_encoder). A callable row -> "
+                          "key: FederatedTrainer(partition_key=fn). See fedhf/data/keys.py."})
     partition_key_buckets: int = field(
-        default=4, metadata={"help": "Quantile buckets of a 'length' key or a float column (fewer when values tie)."})
+        default=4, metadata={"help": "Quantile buckets of a 'length' key or a float column (fewer when values tie); "
+                                     "clusters of an 'embedding' key."})
+    partition_encoder: Optional[str] = field(
+        default=None,
+        metadata={"help": "Local sentence-encoder folder for partition_key='embedding' (k-means over the embeddings "
+                          "of partition_column's text, k = partition_key_buckets), e.g. the bundled MiniLM."})
     quantity_skew: float = field(
         default=0.0,
         metadata={"help": "Power-law client sizes: client i gets min_partition_size + a share of the rest in "
@@ -201,6 +208,10 @@ class FederatedConfig(TrainingArguments):
              f"`partition_key` must be one of {PARTITION_KEYS} (or a callable passed as "
              f"FederatedTrainer(partition_key=...)), got {self.partition_key!r}"),
             (self.partition_key_buckets >= 2, f"`partition_key_buckets` must be >= 2 (got {self.partition_key_buckets})"),
+            ((self.partition_key == "embedding") == (self.partition_encoder is not None),
+             "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` embeds with, "
+             f"and only that key uses it: got partition_key={self.partition_key!r}, "
+             f"partition_encoder={self.partition_encoder!r}"),
             (math.isfinite(self.quantity_skew) and self.quantity_skew >= 0,
              f"`quantity_skew` must be a finite number >= 0 (got {self.quantity_skew}); 0 = equal sizes, 1 = Zipf"),
             (self.quantity_skew == 0 or self.partition != "natural",
@@ -226,6 +237,8 @@ class FederatedConfig(TrainingArguments):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message + ".")
+        if self.partition_encoder is not None:
+            check_encoder(self.partition_encoder)  # a local folder, before any work
         # Fails here, before any model or data is touched, on an unknown name or a bad keyword.
         self.build_algorithm()
 

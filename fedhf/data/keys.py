@@ -8,6 +8,8 @@ Ye et al., 2024, use task/category columns or lengths):
   a float column cut into ``partition_key_buckets`` quantile buckets.
 * ``length``: the quantile bucket of the length of ``partition_column``: characters of a text, or tokens of a
   token-id list (``input_ids``).
+* ``embedding``: the k-means cluster (k = ``partition_key_buckets``, seeded by ``seed``) of the sentence embedding
+  of the text in ``partition_column``, by the local encoder ``partition_encoder`` (fedhf/data/embedding_key.py).
 * any callable ``row -> hashable`` (Python API only: ``FederatedTrainer(partition_key=fn)`` or
   ``fedhf.data.split_dataset(dataset, args, key_fn=fn)``), e.g. ``lambda row: row["category"]``.
 
@@ -17,6 +19,7 @@ what they drew from the raw label values before (np.unique orders both the same 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Hashable, List, Optional, Sequence
 
@@ -25,7 +28,7 @@ import numpy as np
 
 from .columns import categorical_column
 
-PARTITION_KEYS = ("column", "length")
+PARTITION_KEYS = ("column", "length", "embedding")
 _FLOAT_DTYPES = {"float16", "float32", "float64", "bfloat16"}
 
 
@@ -39,10 +42,14 @@ class Key:
 
 
 def derive_key(dataset: datasets.Dataset, key: str, column: str, buckets: int,
-               key_fn: Optional[Callable[[dict], Hashable]] = None) -> Key:
-    """The key of every row of ``dataset``: ``key_fn`` when given, else the named ``key`` over ``column``."""
+               key_fn: Optional[Callable[[dict], Hashable]] = None, encoder: Optional[str] = None,
+               seed: int = 0) -> Key:
+    """The key of every row of ``dataset``: ``key_fn`` when given, else the named ``key`` over ``column``
+    (``encoder`` and ``seed``: the ``embedding`` key's sentence encoder folder and k-means seed)."""
     if key_fn is not None:
         return callable_key(dataset, key_fn)
+    if key == "embedding":
+        return embedding_key(dataset, column, buckets, encoder, seed)
     if key == "length":
         return length_key(dataset, column, buckets)
     return column_key(dataset, column, buckets)
@@ -78,6 +85,26 @@ def length_key(dataset: datasets.Dataset, column: str, buckets: int) -> Key:
     codes, names = quantile_buckets(np.asarray(lengths, dtype=float), buckets)
     unit = "characters" if isinstance(dataset[0][column], str) else "tokens"
     return Key(f"length of `{column}` in {unit} ({len(names)} quantile buckets)", codes, names)
+
+
+def embedding_key(dataset: datasets.Dataset, column: str, clusters: int, encoder: str, seed: int) -> Key:
+    from .embedding_key import embedding_clusters
+
+    texts = _text_column(dataset, column, "embedding")
+    distinct, codes = np.unique(embedding_clusters(texts, encoder, clusters, seed), return_inverse=True)
+    return Key(f"k-means cluster of `{column}` embeddings by {os.path.basename(os.path.normpath(encoder))} "
+               f"({len(distinct)} clusters)", codes.astype(np.int64), [f"cluster {i}" for i in range(len(distinct))])
+
+
+def _text_column(dataset: datasets.Dataset, column: str, key: str) -> list:
+    if column not in dataset.column_names:
+        raise ValueError(f"`partition_column`={column!r} is not a column of the training dataset (columns: "
+                         f"{dataset.column_names}); `partition_key={key!r}` needs the text column to embed.")
+    texts = dataset[column]
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"`partition_key={key!r}` embeds text, but `partition_column`={column!r} holds other values; "
+                         "name a text column (e.g. 'text').")
+    return texts
 
 
 def callable_key(dataset: datasets.Dataset, key_fn: Callable[[dict], Hashable]) -> Key:

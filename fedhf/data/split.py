@@ -64,7 +64,8 @@ def given_split(parts: Sequence[np.ndarray], args, key: Optional[Key] = None) ->
 
 def _key(dataset, args, key_fn) -> Optional[Key]:
     try:
-        return derive_key(dataset, args.partition_key, args.partition_column, args.partition_key_buckets, key_fn)
+        return derive_key(dataset, args.partition_key, args.partition_column, args.partition_key_buckets, key_fn,
+                          args.partition_encoder, args.seed)
     except ValueError:
         if args.partition == "iid" and args.partition_key == "column" and key_fn is None:
             return None  # an IID split needs no key; the report shows label skew only when there is a column
