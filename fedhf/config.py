@@ -20,6 +20,7 @@ Differences from TrainingArguments, on purpose:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, Optional, Union
 
@@ -27,7 +28,8 @@ import torch
 from transformers import TrainingArguments
 
 from .checks import check_batch_sizes, check_mixed_precision, check_output_dir, coerce_numeric_strings
-from .data import PARTITIONERS
+from .data import PARTITION_KEYS, PARTITIONERS
+from .data.embedding_key import check_encoder
 from .processes import cpu_only_launch
 from .hub import check_hub_access
 from .trainer_settings import map_round_strategies, refuse_unsupported
@@ -94,6 +96,28 @@ class FederatedConfig(TrainingArguments):
     min_partition_size: int = field(default=1, metadata={"help": "Fewest rows any client may get (dirichlet)."})
     partition_max_retries: int = field(
         default=100, metadata={"help": "Redraws of a Dirichlet split before giving up with an error."})
+    partition_key: str = field(
+        default="column",
+        metadata={"help": f"What 'dirichlet'/'natural' split by, for data with or without labels {PARTITION_KEYS}: "
+                          "'column' = the values of partition_column (a float column in quantile buckets), 'length' "
+                          "= quantile bucket of the length of partition_column (text or token ids), 'embedding' = "
+                          "k-means cluster of its text's sentence embedding (partition_encoder). A callable row -> "
+                          "key: FederatedTrainer(partition_key=fn). See fedhf/data/keys.py."})
+    partition_key_buckets: int = field(
+        default=4, metadata={"help": "Quantile buckets of a 'length' key or a float column (fewer when values tie); "
+                                     "clusters of an 'embedding' key."})
+    partition_encoder: Optional[str] = field(
+        default=None,
+        metadata={"help": "Local sentence-encoder folder for partition_key='embedding' (k-means over the embeddings "
+                          "of partition_column's text, k = partition_key_buckets), e.g. the bundled MiniLM."})
+    quantity_skew: float = field(
+        default=0.0,
+        metadata={"help": "Power-law client sizes: client i gets min_partition_size + a share of the rest in "
+                          "proportion to (i+1)**-quantity_skew (0 = no quantity skew). With 'iid' or 'dirichlet'."})
+    client_eval_fraction: float = field(
+        default=0.0,
+        metadata={"help": "Hold out this fraction of each client's rows (seeded, at least 1) as that client's own "
+                          "evaluation set, never trained on: FederatedTrainer.client_eval_partitions."})
     # --- the algorithm: a name, or any of its four axes replaced ---
     algorithm: str = field(default="fedavg", metadata={"help": "Named algorithm; see fedhf.algorithms.list_algorithms()."})
     algorithm_kwargs: Optional[Union[dict, str]] = field(
@@ -185,6 +209,21 @@ class FederatedConfig(TrainingArguments):
              f"`dirichlet_alpha` must be > 0 (got {self.dirichlet_alpha}); 0.1 is strongly skewed, 100 nearly IID"),
             (self.min_partition_size >= 1, "`min_partition_size` must be >= 1: every client needs data"),
             (self.partition_max_retries >= 1, "`partition_max_retries` must be >= 1"),
+            (self.partition_key in PARTITION_KEYS,
+             f"`partition_key` must be one of {PARTITION_KEYS} (or a callable passed as "
+             f"FederatedTrainer(partition_key=...)), got {self.partition_key!r}"),
+            (self.partition_key_buckets >= 2, f"`partition_key_buckets` must be >= 2 (got {self.partition_key_buckets})"),
+            ((self.partition_key == "embedding") == (self.partition_encoder is not None),
+             "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` embeds with, "
+             f"and only that key uses it: got partition_key={self.partition_key!r}, "
+             f"partition_encoder={self.partition_encoder!r}"),
+            (math.isfinite(self.quantity_skew) and self.quantity_skew >= 0,
+             f"`quantity_skew` must be a finite number >= 0 (got {self.quantity_skew}); 0 = equal sizes, 1 = Zipf"),
+            (self.quantity_skew == 0 or self.partition != "natural",
+             "`quantity_skew` does not apply to `partition='natural'` (its sizes are the data's); set it to 0 or use "
+             "'iid'/'dirichlet'"),
+            (0 <= self.client_eval_fraction < 1,
+             f"`client_eval_fraction` must be in [0, 1) (got {self.client_eval_fraction}); e.g. 0.1"),
             (self.client_weighting in CLIENT_WEIGHTINGS, f"`client_weighting` must be one of {CLIENT_WEIGHTINGS}"),
             (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
@@ -204,6 +243,8 @@ class FederatedConfig(TrainingArguments):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message + ".")
+        if self.partition_encoder is not None:
+            check_encoder(self.partition_encoder)  # a local folder, before any work
         # Fails here, before any model or data is touched, on an unknown name or a bad keyword.
         self.build_algorithm()
 

@@ -39,8 +39,12 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         f"| seed | {args.seed} |",
         f"| fedhf version | {_version()} |",
         f"| learning rate schedule over rounds | {args.round_lr_schedule}, peak {algorithm.local_optimizer.lr} |",
-        f"| partition | {args.partition}" + (f" (alpha={args.dirichlet_alpha}, column `{args.partition_column}`)"
-                                             if args.partition == "dirichlet" else "") + " |",
+        f"| partition | {args.partition}" + (f" (alpha={args.dirichlet_alpha}, key "
+                                             f"{partition_summary.get('key', args.partition_column)})"
+                                             if args.partition == "dirichlet" else "")
+        + (f", power-law sizes (exponent {args.quantity_skew})" if args.quantity_skew else "")
+        + (f", {args.client_eval_fraction:g} of each client's rows held out" if args.client_eval_fraction else "")
+        + " |",
     ]
     if sizes:
         lines.append(f"| rows per client (min / max) | {min(sizes)} / {max(sizes)} |")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence
 
 import datasets
 import numpy as np
@@ -38,7 +38,7 @@ from .aggregation import RoundSums, destroy_process_group_at_exit
 from .checkpointing import enable_activation_checkpointing
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
-from .data import partition_dataset, save_partition_report
+from .data import given_split, save_partition_report, split_dataset
 from .data.checks import check_datasets, check_not_streaming
 from .batched_round import BatchedRound, check_batched_clients
 from .best_model import BestRound
@@ -68,10 +68,16 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         args: a :class:`FederatedConfig`.
         client_partitions: optional explicit split, one sequence of ``train_dataset`` row indices per client;
             by default the split comes from ``args.partition`` (dirichlet / iid / natural).
+        partition_key: optional callable row -> hashable key that the dirichlet/natural split runs over instead
+            of ``args.partition_key`` (fedhf/data/keys.py).
+
+    ``client_eval_partitions[i]``: client i's held-out rows of ``train_dataset`` (``args.client_eval_fraction``
+    of its rows, never trained on; empty when the fraction is 0), for a personalised evaluation.
     """
 
     def __init__(self, model=None, args: Optional[FederatedConfig] = None, *trainer_args,
-                 client_partitions: Optional[Sequence[Sequence[int]]] = None, **trainer_kwargs) -> None:
+                 client_partitions: Optional[Sequence[Sequence[int]]] = None,
+                 partition_key: Optional[Callable[[dict], Hashable]] = None, **trainer_kwargs) -> None:
         if not isinstance(args, FederatedConfig):
             raise TypeError(f"FederatedTrainer needs `args=FederatedConfig(...)`, got {type(args).__name__}.")
         check_not_streaming(trainer_kwargs.get("train_dataset"), "train_dataset")  # Trainer's own error names max_steps
@@ -93,11 +99,13 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
                 raise ValueError("Pass `client_partitions` when `train_dataset` is not a datasets.Dataset.")
-            self.client_partitions, self.partition_summary = partition_dataset(self.train_dataset, args)
+            split = split_dataset(self.train_dataset, args, partition_key)
+        elif partition_key is not None:
+            raise ValueError("Pass either `client_partitions` or `partition_key`, not both: each says how to split.")
         else:
-            self.client_partitions = self._check_partitions(client_partitions)
-            self.partition_summary = {"num_clients": len(self.client_partitions),
-                                      "sizes": [len(p) for p in self.client_partitions]}
+            split = given_split(self._check_partitions(client_partitions), args)
+        self.client_partitions, self.client_eval_partitions = split.train, split.eval
+        self.partition_summary = split.report
         self.partition_summary["torch_threads"] = fix_thread_count(args.full_determinism, args.world_size)
         budget = None if args.client_state_budget_mb is None else int(args.client_state_budget_mb * 2**20)
         spill_dir = args.client_state_dir or os.path.join(args.output_dir, "client_state")

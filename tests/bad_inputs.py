@@ -83,9 +83,9 @@ def _plain_args(env):
                                                                         report_to="none"))
 
 
-def _partitions(parts):
-    return lambda env: digit_trainer(tiny_resnet(), env["digits"], config(env["tmp_path"], partition="iid"),
-                                     client_partitions=parts(len(env["digits"]["train"])))
+def _partitions(parts, key=None, **kw):
+    return lambda env: digit_trainer(tiny_resnet(), env["digits"], config(env["tmp_path"], partition="iid", **kw),
+                                     client_partitions=parts(len(env["digits"]["train"])), partition_key=key)
 
 
 BAD_INPUTS = [
@@ -102,6 +102,18 @@ BAD_INPUTS = [
     Bad("`min_partition_size` < 1", "min_partition_size", _cfg(min_partition_size=0)),
     Bad("`partition_max_retries` < 1", "partition_max_retries", _cfg(partition_max_retries=0)),
     Bad("unknown `partition`", "partition", _cfg(partition="shards")),
+    Bad("unknown `partition_key`", "partition_key", _cfg(partition_key="topic")),
+    Bad("`partition_key_buckets` < 2", "partition_key_buckets", _cfg(partition_key_buckets=1)),
+    Bad("`quantity_skew` < 0", "quantity_skew", _cfg(quantity_skew=-1.0)),
+    Bad("`quantity_skew` with `partition='natural'` (its sizes are the data's)", "quantity_skew",
+        _cfg(partition="natural", quantity_skew=1.0)),
+    Bad("`client_eval_fraction` >= 1", "client_eval_fraction", _cfg(client_eval_fraction=1.0)),
+    Bad("`partition_key='embedding'` without `partition_encoder`", "partition_encoder",
+        _cfg(partition_key="embedding")),
+    Bad("`partition_encoder` with a key that does not embed", "partition_encoder",
+        _cfg(partition_key="length", partition_encoder="my-encoder")),
+    Bad("`partition_encoder` that is not a local model folder", "partition_encoder",
+        _cfg(partition_key="embedding", partition_encoder="sentence-transformers/all-MiniLM-L6-v2")),
     Bad("unknown `client_weighting`", "client_weighting", _cfg(client_weighting="by_loss")),
     Bad("unknown `round_lr_schedule`", "round_lr_schedule", _cfg(round_lr_schedule="linear")),
     Bad("`learning_rate` <= 0", "learning_rate", _cfg(learning_rate=-1.0)),
@@ -166,6 +178,15 @@ BAD_INPUTS = [
         _partitions(lambda n: [[0], [1], [2], [n]])),
     Bad("`client_partitions` with an empty client", "client_partitions",
         _partitions(lambda n: [[0], [1], [2], []])),
+    Bad("`partition_key='length'` over a column that is no text or token-id list", "partition_column",
+        _digits(partition_key="length", partition_column="label")),
+    Bad("`partition_key='embedding'` over a column that is no text", "partition_column",
+        lambda env: digit_trainer(tiny_resnet(), env["digits"], config(
+            env["tmp_path"], partition_key="embedding", partition_encoder=env["minilm"], partition_column="label"))),
+    Bad("`client_eval_fraction` that leaves a client no training rows", "client_eval_fraction",
+        _partitions(lambda n: [[0], [1], [2], np.arange(3, n)], client_eval_fraction=0.5)),
+    Bad("both `client_partitions` and a callable `partition_key`", "partition_key",
+        _partitions(lambda n: [[0], [1], [2], np.arange(3, n)], key=lambda row: row["label"])),
 ]
 
 

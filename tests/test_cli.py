@@ -56,6 +56,20 @@ def test_partition_writes_the_report_and_no_model(tmp_path):
     assert min(map(sum, counts)) >= 20 and report["algorithm"].startswith("scaffold")
 
 
+def test_partition_takes_the_label_free_split_settings(tmp_path):
+    from fedhf.data import power_law_sizes
+
+    out = tmp_path / "part"
+    main(["partition", "--config", str(TWEETS), "--output_dir", str(out), "--partition_key", "length",
+          "--partition_column", "text", "--partition_key_buckets", "3", "--quantity_skew", "1.0",
+          "--client_eval_fraction", "0.1"])
+    report = json.loads((out / "partition.json").read_text())
+    assert report["key"] == "length of `text` in characters (3 quantile buckets)" and len(report["classes"]) == 3
+    whole = [a + b for a, b in zip(report["sizes"], report["eval_sizes"])]
+    assert whole == power_law_sizes(8000, 12, 1.0, 20).tolist()  # the recipe's rows, clients, min_partition_size
+    assert [sum(row) for row in report["counts"]] == report["sizes"]
+
+
 def test_bad_override_fails_before_any_file_is_written(tmp_path):
     out = tmp_path / "never"
     for argv in (["train", "--config", str(DIGITS), "--output_dir", str(out), "--num_client", "3"],

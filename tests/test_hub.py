@@ -117,3 +117,14 @@ def test_hub_strategy_end_pushes_no_round_checkpoint(digits, tmp_path, monkeypat
                   hub_model_id="me/fed-digits", hub_strategy="end")
     digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
     assert hub.commits == []
+
+
+def test_card_names_the_split_key_quantity_skew_and_held_out_rows(tmp_path):
+    from fedhf.hub import federated_card_section
+
+    args = config(tmp_path, partition_key="length", partition_column="text", quantity_skew=1.0,
+                  client_eval_fraction=0.1)
+    summary = {"key": "length of `text` in characters (4 quantile buckets)", "sizes": [50, 20]}
+    card = federated_card_section(args, args.build_algorithm(), summary, [])
+    assert ("| partition | dirichlet (alpha=0.5, key length of `text` in characters (4 quantile buckets)), power-law "
+            "sizes (exponent 1.0), 0.1 of each client's rows held out |") in card

@@ -1,4 +1,5 @@
-"""How skewed a partition is: per-client x class counts as JSON and a PNG heatmap."""
+"""How skewed a partition is: per-client x key-value counts (the key is the label column by default, or a derived
+key: fedhf/data/keys.py) and client sizes, as JSON and a PNG (heatmap beside a bar chart of sizes)."""
 
 from __future__ import annotations
 
@@ -36,13 +37,11 @@ def partition_report(parts: List[np.ndarray], labels: Optional[Sequence], class_
 
 
 def save_partition_report(report: dict, directory: str) -> List[str]:
-    """Write partition.json and, when there are labels and matplotlib is installed, partition.png."""
+    """Write partition.json and, when matplotlib is installed, partition.png."""
     os.makedirs(directory, exist_ok=True)
     written = [os.path.join(directory, "partition.json")]
     with open(written[0], "w") as f:
         json.dump(report, f, indent=1)
-    if "counts" not in report:
-        return written
     try:
         import matplotlib
 
@@ -50,16 +49,36 @@ def save_partition_report(report: dict, directory: str) -> List[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return written
-    counts = np.asarray(report["counts"])
-    fig, ax = plt.subplots(figsize=(max(4, 0.5 * counts.shape[1] + 2), max(3, 0.25 * counts.shape[0] + 1.5)))
-    image = ax.imshow(counts, aspect="auto", cmap="viridis")
-    ax.set_xticks(range(counts.shape[1]), report["classes"], rotation=45, ha="right")
-    ax.set_xlabel("class")
-    ax.set_ylabel("client")
-    ax.set_title(f"rows per client and class (label skew {report['label_skew']:.2f})")
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
     written.append(os.path.join(directory, "partition.png"))
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
+    _plot(report, written[-1], plt)
     return written
+
+
+def _plot(report: dict, path: str, plt) -> None:
+    """Rows per client and key value (when the report has a key) beside the clients' sizes (and held-out rows)."""
+    sizes = np.asarray(report["sizes"])
+    counts = np.asarray(report["counts"]) if "counts" in report else None
+    width = 0 if counts is None else max(3, 0.5 * counts.shape[1] + 1.5)
+    fig, axes = plt.subplots(1, 1 if counts is None else 2, squeeze=False,
+                             figsize=(width + 3.5, max(3, 0.25 * len(sizes) + 1.5)),
+                             gridspec_kw={"width_ratios": [1] if counts is None else [width, 3]})
+    if counts is not None:
+        ax = axes[0, 0]
+        image = ax.imshow(counts, aspect="auto", cmap="viridis")
+        ax.set_xticks(range(counts.shape[1]), report["classes"], rotation=45, ha="right")
+        ax.set_xlabel(report.get("key", "class"))
+        ax.set_ylabel("client")
+        ax.set_title(f"rows per client and value (skew {report['label_skew']:.2f})")
+        fig.colorbar(image, ax=ax)
+    ax = axes[0, -1]
+    ax.barh(range(len(sizes)), sizes, label="train")
+    if "eval_sizes" in report:
+        ax.barh(range(len(sizes)), report["eval_sizes"], left=sizes, label="held out")
+        ax.legend(fontsize="small")
+    ax.invert_yaxis()
+    ax.set_xlabel("rows")
+    ax.set_ylabel("client")
+    ax.set_title("client sizes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

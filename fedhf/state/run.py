@@ -17,7 +17,8 @@ from .checkpoint import PREFIX, latest_checkpoint
 #: Config fields that must match between a checkpoint and the run resuming from it.
 FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
                       "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
-                      "per_device_train_batch_size", "max_grad_norm")
+                      "per_device_train_batch_size", "max_grad_norm", "partition_key", "partition_key_buckets",
+                      "quantity_skew", "client_eval_fraction")
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state")
 
