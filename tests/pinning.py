@@ -111,20 +111,24 @@ def mean_server(r, eta, x, finals, sample) -> P:
     return mean(list(finals.values()))
 
 
-def run(tmp_path, algorithm: str, rounds: int = 1, local_steps: int = 2, num_clients: int = 2, per_round: int = 0,
-        max_grad_norm: float = 0.0, **overrides):
-    """Train the affine model with the real trainer; returns (final global model in float64, trainer)."""
+def build(tmp_path, algorithm: str, rounds: int = 1, local_steps: int = 2, num_clients: int = 2, per_round: int = 0,
+          max_grad_norm: float = 0.0, **overrides) -> FederatedTrainer:
+    """The real trainer on the affine model, each client holding ROWS rows (its whole batch); clipping off unless
+    asked (``max_grad_norm``)."""
     args = config(tmp_path, algorithm=algorithm, num_clients=num_clients, clients_per_round=per_round or num_clients,
                   num_rounds=rounds, local_steps=local_steps, per_device_train_batch_size=ROWS,
                   max_grad_norm=max_grad_norm, **overrides)
-    rows = len(X)
+    assert ROWS * num_clients <= len(X)
     data = datasets.Dataset.from_dict({"x": X.tolist(), "labels": Y.tolist()})
     parts = [list(range(ROWS * i, ROWS * (i + 1))) for i in range(num_clients)]
-    assert ROWS * num_clients <= rows
-    model = Affine()
-    trainer = FederatedTrainer(model=model, args=args, train_dataset=data, client_partitions=parts)
+    return FederatedTrainer(model=Affine(), args=args, train_dataset=data, client_partitions=parts)
+
+
+def run(tmp_path, algorithm: str, **kwargs):
+    """Train (see :func:`build`); returns (final global model in float64, trainer)."""
+    trainer = build(tmp_path, algorithm, **kwargs)
     trainer.train()
-    return {n: p.detach().double().clone() for n, p in model.named_parameters()}, trainer
+    return {n: p.detach().double().clone() for n, p in trainer.model.named_parameters()}, trainer
 
 
 def assert_matches(actual: P, expected: P, rtol: float = 1e-5, atol: float = 1e-6) -> None:
