@@ -82,15 +82,22 @@ def sorted_eigenvectors(M):
     return torch.linalg.eigh(M)[1].flip(1)  # descending eigenvalue
 
 
+def refreshed(factor, basis, V, dim):
+    """SOAP's cheap refresh of one side: sort by the Rayleigh quotients, permute V along ``dim``, one power step + QR."""
+    order = torch.argsort(torch.diagonal(basis.T @ factor @ basis), descending=True)
+    return torch.linalg.qr(factor @ basis[:, order])[0], V.index_select(dim, order)
+
+
 @pytest.mark.parametrize("name, beta, synced", [("fedpac_soap", 0.5, True), ("local_soap", 0.0, False)])
 def test_soap_family(tmp_path, name, beta, synced):
     """SOAP (ALGORITHMS.md 1.4): the first step of a round only builds L, R (from Lbar, Rbar under FedPAC, from 0
     otherwise) and Q = eigh, moving nothing but the correction; then Adam in the eigenbasis, bias-corrected, decoupled
-    wd after the step, then L, R absorb G. b (1-D) has no factor: the same Adam with identity basis. lr eta_r(1-beta);
-    FedPAC averages L, R (2.9b)."""
+    wd after the step, then L, R absorb G; every f = 2 updates each basis is refreshed: columns sorted by
+    diag(Q^T L Q) descending, V permuted alongside, Q <- QR(L Q_sorted), m re-projected. b (1-D) has no factor: the
+    same Adam with identity basis. lr eta_r (1 - beta); FedPAC averages L, R (2.9b)."""
     # eps 1e-3, not 1e-8: step 2 sees the gradient that built Q (step 1 moves nothing), so G' = Q_L^T G Q_R is
     # diagonal up to rounding and m / (sqrt(V) + 1e-8) would turn that rounding into +-1 steps.
-    K, b1, b2, eps, wd = 3, 0.95, 0.95, 1e-3, 0.01
+    K, f, b1, b2, eps, wd = 4, 2, 0.95, 0.95, 1e-3, 0.01
     mix, bar, final_LR = GlobalDirection(K), {}, {}
 
     def client(i, r, eta, x, sample):
@@ -113,6 +120,11 @@ def test_soap_family(tmp_path, name, beta, synced):
                 x[W] = x[W] - lr * scale * (QL @ (mW / (vW.sqrt() + eps)) @ QR.T)
                 x[W] = x[W] * (1 - lr * wd)
                 L, R = b2 * L + (1 - b2) * G @ G.T, b2 * R + (1 - b2) * G.T @ G
+                if t % f == 0:
+                    m_orig = QL @ mW @ QR.T
+                    QL, vW = refreshed(L, QL, vW, 0)
+                    QR, vW = refreshed(R, QR, vW, 1)
+                    mW = QL.T @ m_orig @ QR
                 mb, vb = b1 * mb + (1 - b1) * g[B], b2 * vb + (1 - b2) * g[B] ** 2
                 x[B] = (x[B] - lr * scale * mb / (vb.sqrt() + eps)) * (1 - lr * wd)
             x = mix.apply(x, beta, eta)
@@ -126,7 +138,8 @@ def test_soap_family(tmp_path, name, beta, synced):
         bar["R"] = sum(final_LR[i][1] for i in finals) / len(finals)
         return x_next
 
-    got, _ = run(tmp_path, name, rounds=2, local_steps=K, learning_rate=0.05, local_optimizer_kwargs={"eps": eps})
+    got, _ = run(tmp_path, name, rounds=2, local_steps=K, learning_rate=0.05,
+                 local_optimizer_kwargs={"eps": eps, "precondition_frequency": f})
     assert_matches(got, federate(2, 0.05, client, server), rtol=1e-4, atol=1e-6)
 
 
