@@ -22,7 +22,7 @@ def optimizer_settings(algo) -> dict:
               else {"": opt.param_groups[0]})
     out = {"optimizer": algo.local_optimizer.cls.__name__}
     out.update({prefix + k: v for prefix, g in groups.items() for k, v in g.items() if k not in _TORCH_FLAGS})
-    for attribute in ("hessian_estimator", "hess_interval", "hessian_grad_clip", "amsgrad", "damping",
+    for attribute in ("momentum_form", "ortho", "eigenbasis_refresh", "momentum_in_theta", "hessian_estimator", "hess_interval", "hessian_grad_clip", "amsgrad", "damping",
                       "curvature_samples"):
         if hasattr(opt, attribute):
             out[attribute] = getattr(opt, attribute)
@@ -51,7 +51,8 @@ def muon(momentum):  # 1.3 / 2.1 "Local Muon: lr 3e-2, b1 0.9, b2 0.95 (aux Adam
     return {"optimizer": "MuonAdamW", "muon.lr": 3e-2, "muon.weight_decay": 0.01, "muon.momentum": momentum,
             "muon.nesterov": True, "muon.ns_coefficients": (3.4445, -4.775, 2.0315), "muon.eps": 1e-7,
             "muon.ns_steps": 5, "muon.adjust_lr_fn": None, "aux.lr": 3e-4, "aux.betas": (0.9, 0.95),
-            "aux.eps": 1e-10, "aux.weight_decay": 0.01, "aux.amsgrad": False}
+            "aux.eps": 1e-10, "aux.weight_decay": 0.01, "aux.amsgrad": False,
+            "momentum_form": "ema", "ortho": "ns5"}  # 5.4: Keller Jordan's form by default
 
 
 SOAP = {"optimizer": "SOAP", "lr": 3e-3, "betas": (0.95, 0.95), "shampoo_beta": 0.95, "eps": 1e-8,  # 1.4, 2.1, 2.9b

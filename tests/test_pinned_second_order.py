@@ -44,12 +44,22 @@ def ns5(U):
     return X_.double()
 
 
-@pytest.mark.parametrize("name, mu, beta, synced", [("fedpac_muon", 0.95, 0.5, True), ("fedmuon", 0.98, 0.5, True),
-                                                    ("local_muon", 0.95, 0.0, False)])
-def test_muon_family(tmp_path, name, mu, beta, synced):
+EXACT = {"momentum_form": "sum", "ortho": "svd", "nesterov": False}  # FedMuon's Algorithm 1 (ALGORITHMS.md 2.8)
+
+
+def polar(U):
+    u, _, vh = torch.linalg.svd(U)
+    return u @ vh
+
+
+@pytest.mark.parametrize("name, mu, beta, synced, form", [("fedpac_muon", 0.95, 0.5, True, {}),
+                                                          ("fedmuon", 0.98, 0.5, True, {}),
+                                                          ("fedmuon", 0.98, 0.5, True, EXACT),
+                                                          ("local_muon", 0.95, 0.0, False, {})])
+def test_muon_family(tmp_path, name, mu, beta, synced, form):
     """Muon (EMA momentum, nesterov, NS5, lr x 100, decoupled wd 0.01) on W, AdamW (0.9, 0.95, eps 1e-10) on b, both
     at eta_r (1 - beta); then x <- x - beta eta_r g_G; the momenta averaged and warm-started (FedMuon / FedPAC) or
-    reset (Local Muon). ALGORITHMS.md 1.3, 2.8, 2.9a."""
+    reset (Local Muon). ALGORITHMS.md 1.3, 2.8, 2.9a. With ``EXACT``: M <- mu M + G and the SVD's U V^T instead."""
     K, wd, mult = 2, 0.01, 100.0
     mix, Bbar, finals_B = GlobalDirection(K), [None], {}
 
@@ -59,8 +69,12 @@ def test_muon_family(tmp_path, name, mu, beta, synced):
         m, v = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
         for t in range(1, K + 1):
             g = grad(x, i)
-            buf = buf + (1 - mu) * (g[W] - buf)
-            O = ns5(g[W] + mu * (buf - g[W]))
+            if form:
+                buf = mu * buf + g[W]
+                O = polar(buf)
+            else:
+                buf = buf + (1 - mu) * (g[W] - buf)
+                O = ns5(g[W] + mu * (buf - g[W]))
             x[W] = x[W] * (1 - lr * mult * wd) - lr * mult * O  # sqrt(max(1, rows/cols)) = 1
             m, v = 0.9 * m + 0.1 * g[B], 0.95 * v + 0.05 * g[B] ** 2
             x[B] = x[B] * (1 - lr * wd) - lr * (m / (1 - 0.9 ** t)) / ((v / (1 - 0.95 ** t)).sqrt() + 1e-10)
@@ -74,7 +88,7 @@ def test_muon_family(tmp_path, name, mu, beta, synced):
         Bbar[0] = sum(finals_B[i] for i in finals) / len(finals)
         return x_next
 
-    got, _ = run(tmp_path, name, rounds=2, local_steps=K)
+    got, _ = run(tmp_path, name, rounds=2, local_steps=K, algorithm_kwargs=form)
     assert_matches(got, federate(2, ALGO_LR[name], client, server), rtol=1e-4, atol=1e-6)
 
 

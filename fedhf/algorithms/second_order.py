@@ -17,9 +17,11 @@ from ..server import CovarianceServer, Mean, PreconditionedMix, ServerRule, Step
 from ..sync import AverageWarmstart, CompressedAverage, PersistLocal, StateSync
 
 
-def _muon(lr: float, muon_lr_mult: float, momentum: float, weight_decay: float, routing: str) -> LocalOptimizer:
+def _muon(lr: float, muon_lr_mult: float, momentum: float, weight_decay: float, routing: str,
+          **form) -> LocalOptimizer:
+    """``form``: FedMuon's optional ``momentum_form`` / ``ortho`` / ``nesterov`` (fedhf.optim.muon_exact)."""
     return LocalOptimizer("muon", {"lr": lr, "muon_lr_mult": muon_lr_mult, "momentum": momentum,
-                                   "weight_decay": weight_decay, "routing": routing})
+                                   "weight_decay": weight_decay, "routing": routing, **form})
 
 
 def _soap(lr: float, weight_decay: float, betas: Tuple[float, float], precondition_frequency: int) -> LocalOptimizer:
@@ -63,13 +65,20 @@ def local_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01
 # ---------------------------------------------------------------- FedMuon / FedPAC (alignment + correction)
 @ALGORITHMS.register("fedmuon")
 def fedmuon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.98, beta: float = 0.5,
-            weight_decay: float = 0.01, routing: str = "ndim>=2") -> Algorithm:
+            weight_decay: float = 0.01, routing: str = "ndim>=2", momentum_form: str = "ema", ortho: str = "ns5",
+            nesterov: bool = True) -> Algorithm:
     """FedMuon (Liu et al., 2025, "FedMuon: Accelerating Federated Learning with Matrix Orthogonalization"): local
     Muon whose momentum starts from the average of last round's final client momenta, and global-direction mixing
     x <- x - eta [(1 - beta) Muon(g) + beta g_G] after the optimizer (the paper's alpha; beta here as in every
     mixing algorithm, ALGORITHMS.md section 5.3). Defaults: beta 0.5, momentum 0.98
-    (Table 6), wd 0.01; Muon lr = lr * muon_lr_mult = 3e-2. Sends Delta + M up (~2), x + g_G + Mbar down (~3)."""
-    return Algorithm("fedmuon", _muon(lr, muon_lr_mult, momentum, weight_decay, routing),
+    (Table 6), wd 0.01; Muon lr = lr * muon_lr_mult = 3e-2. Sends Delta + M up (~2), x + g_G + Mbar down (~3).
+
+    The local Muon is the authors' code's (Keller Jordan's EMA momentum with Nesterov, Newton-Schulz 5). The paper's
+    Algorithm 1 (M <- beta M + G, exact U V^T of the SVD, no Nesterov) is ``momentum_form="sum", ortho="svd",
+    nesterov=False`` (ALGORITHMS.md 5.4); its averaged momentum is then the sum-form buffer, 1 / (1 - momentum)
+    times the EMA one, and the steps match the EMA form without Nesterov (fedhf.optim.muon_exact)."""
+    form = {"momentum_form": momentum_form, "ortho": ortho, "nesterov": nesterov}
+    return Algorithm("fedmuon", _muon(lr, muon_lr_mult, momentum, weight_decay, routing, **form),
                      correction=GlobalMix(beta, position="after"), state_sync=AverageWarmstart())
 
 

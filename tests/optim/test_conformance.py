@@ -22,6 +22,7 @@ CASES = {
     "sgd": ({"lr": 0.5}, set()),
     "adamw": ({"lr": 1e-2}, {"exp_avg_sq"}),
     "muon": ({"lr": 1e-2}, {"momentum_buffer"}),  # the two weight matrices only
+    "muon[sum svd]": ({"lr": 1e-2, "momentum_form": "sum", "ortho": "svd", "nesterov": False}, {"momentum_buffer"}),
     "soap": ({"lr": 3e-2}, {"GG0", "GG1"}),  # L and R of the matrices; biases have no factor
     "amsgrad": ({"lr": 1e-2}, {"max_exp_avg_sq"}),
     "amsgrad[no max]": ({"lr": 1e-2, "amsgrad": False}, {"exp_avg_sq"}),
