@@ -59,7 +59,8 @@ SOAP = {"optimizer": "SOAP", "lr": 3e-3, "betas": (0.95, 0.95), "shampoo_beta": 
         "weight_decay": 0.01, "precondition_frequency": 10, "max_precond_dim": 10000, "precondition_1d": False,
         "correct_bias": True}
 SOPHIA = {"optimizer": "Sophia", "lr": 3e-4, "betas": (0.9, 0.99), "rho": 0.01, "weight_decay": 0.01,  # 2.1, 2.9c
-          "eps": 1e-15, "hessian_estimator": "gnb", "hess_interval": 10, "hessian_grad_clip": None}  # 1.5, 5.7
+          "eps": 1e-15, "hessian_estimator": "gnb", "hess_interval": 10, "hessian_grad_clip": None,  # 1.5, 5.7
+          "momentum_in_theta": False}  # m restarts each round (2.1, 2.9c)
 FOOF = {"optimizer": "FOOF", "lr": 0.3, "weight_decay": 1e-4, "damping": 1.0, "curvature_samples": None}  # 2.10
 FADAM = {"optimizer": "AMSGradNoBias", "lr": 1e-3, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 1e-8,
          "amsgrad": True}  # 2.13, sec. 6.1
@@ -101,7 +102,7 @@ EXPECTED = {
     "fedpac_sophia_light": (SOPHIA, MIX_AFTER, ("CompressedAverage", {"fraction": 0.05}), MEAN),
     "fedpm": (FOOF, NONE, PERSIST, (("PreconditionedMix", {"mix_lora": False}), [("Step", {"lr": 1.0})])),  # 2.10
     "localnewton": (FOOF, NONE, PERSIST, MEAN),  # 2.11
-    "fed_sophia": (SOPHIA, NONE, PERSIST, MEAN),  # 2.12: Local Sophia's settings, state kept per client (5.16)
+    "fed_sophia": ({**SOPHIA, "momentum_in_theta": True}, NONE, PERSIST, MEAN),  # 2.12: m and h kept (5.16)
     "fadam_et": (FADAM, ("ParameterTracking", {"position": "after", "tracked_fraction": 0.5}), PERSIST, MEAN),
     "fadam_gt": (FADAM, ("ParameterTracking", {"position": "before", "tracked_fraction": 0.5}), PERSIST, MEAN),
     "prefed": ({"optimizer": "CovarianceAdam", "lr": 1e-3, "betas": (0.9, 0.9), "tau": 1e-3, "weight_decay": 0.0},

@@ -160,21 +160,23 @@ def test_soap_family(tmp_path, name, beta, synced):
 SOPHIA = {"hessian_estimator": "empirical_fisher", "hess_interval": 2, "rho": 50.0}  # deterministic curvature
 
 
-@pytest.mark.parametrize("name, beta, policy", [("fedpac_sophia", 0.5, "average"), ("fed_sophia", 0.0, "persist"),
-                                                ("local_sophia", 0.0, "reset")])
-def test_sophia_family(tmp_path, name, beta, policy):
+@pytest.mark.parametrize("name, beta, policy, options", [("fedpac_sophia", 0.5, "average", {}),
+                                                         ("fed_sophia", 0.0, "persist m and h", {}),
+                                                         ("fed_sophia", 0.0, "persist", {"keep_momentum": False}),
+                                                         ("local_sophia", 0.0, "reset", {})])
+def test_sophia_family(tmp_path, name, beta, policy, options):
     """SophiaG (ALGORITHMS.md 1.5): h <- b2 h + (1-b2) g*g at steps 0, 2, ... (empirical Fisher on the step's batch,
     bs = its rows); x <- x(1 - lr wd); m <- b1 m + (1-b1) g; x <- x - lr sign(m) min(|m| / (rho bs h + 1e-15), 1).
-    m restarts each round; h is averaged and warm-started (FedPAC_Sophia, 2.9c), kept per client (Fed-Sophia, 2.12)
-    or reset (Local Sophia, 2.1). 3 clients, 2 per round, 3 rounds: a client's own h is older than the average."""
+    h is averaged and warm-started (FedPAC_Sophia, 2.9c), kept per client with m (Fed-Sophia, 2.12; m restarts with
+    ``keep_momentum=False``) or reset (Local Sophia, 2.1); m restarts each round unless kept. 3 clients, 2 per round, 3 rounds: a client's own h is older than the average."""
     K, b1, b2, wd, rho, bs, N, S = 3, 0.9, 0.99, 0.01, 50.0, 2, 3, 2
-    mix, hbar, own, finals_h = GlobalDirection(K), {}, {}, {}
+    mix, hbar, own, own_m, finals_h = GlobalDirection(K), {}, {}, {}, {}
 
     def client(i, r, eta, x, sample):
         lr = eta * (1 - beta)
-        h = {"average": hbar, "persist": own.get(i, {}), "reset": {}}[policy]
+        h = hbar if policy == "average" else own.get(i, {}) if policy.startswith("persist") else {}
         h = {k: h[k].clone() for k in h} if h else zeros_like(x)
-        m = zeros_like(x)
+        m = own_m[i] if policy == "persist m and h" and i in own_m else zeros_like(x)
         for k in range(K):
             g = grad(x, i)
             if k % 2 == 0:
@@ -185,6 +187,7 @@ def test_sophia_family(tmp_path, name, beta, policy):
                 x[n] = x[n] - lr * m[n].sign() * (m[n].abs() / (rho * bs * h[n] + 1e-15)).clamp(max=1.0)
             x = mix.apply(x, beta, eta)
         finals_h[i] = own[i] = h
+        own_m[i] = m
         return x
 
     def server(r, eta, x, finals, sample):
@@ -194,7 +197,7 @@ def test_sophia_family(tmp_path, name, beta, policy):
         return x_next
 
     got, _ = run(tmp_path, name, rounds=3, local_steps=K, num_clients=N, per_round=S, learning_rate=0.05,
-                 algorithm_kwargs=SOPHIA)
+                 algorithm_kwargs={**SOPHIA, **options})
     assert_matches(got, federate(3, 0.05, client, server, num_clients=N, per_round=S), rtol=1e-4, atol=1e-6)
 
 

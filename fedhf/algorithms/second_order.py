@@ -30,9 +30,10 @@ def _soap(lr: float, weight_decay: float, betas: Tuple[float, float], preconditi
 
 
 def _sophia(lr: float, weight_decay: float, rho: float, betas: Tuple[float, float], hessian_estimator: str,
-            hess_interval: int) -> LocalOptimizer:
+            hess_interval: int, momentum_in_theta: bool = False) -> LocalOptimizer:
     return LocalOptimizer("sophia", {"lr": lr, "weight_decay": weight_decay, "rho": rho, "betas": tuple(betas),
-                                     "hessian_estimator": hessian_estimator, "hess_interval": hess_interval})
+                                     "hessian_estimator": hessian_estimator, "hess_interval": hess_interval,
+                                     "momentum_in_theta": momentum_in_theta})
 
 
 def _foof(lr: float, damping: float, weight_decay: float, curvature_samples) -> LocalOptimizer:
@@ -196,11 +197,14 @@ def localnewton(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-
 # ---------------------------------------------------------------- Fed-Sophia, FAdam, PreFed
 @ALGORITHMS.register("fed_sophia")
 def fed_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01, betas=(0.9, 0.99),
-               hessian_estimator: str = "gnb", hess_interval: int = 10) -> Algorithm:
-    """Fed-Sophia (Elbakary et al., 2024, arXiv 2406.06655): local SophiaG whose Hessian estimate h persists per
-    client across its participations (ALGORITHMS.md 5.16; m restarts each round -- the paper is silent), plain
-    averaging. Defaults: Local Sophia's (the seeds give none). Sends 1 | 1."""
-    return Algorithm("fed_sophia", _sophia(lr, weight_decay, rho, betas, hessian_estimator, hess_interval),
+               hessian_estimator: str = "gnb", hess_interval: int = 10, keep_momentum: bool = True) -> Algorithm:
+    """Fed-Sophia (Elbakary et al., 2024, arXiv 2406.06655): local SophiaG whose state -- the momentum m and the
+    Hessian estimate h -- persists per client across its participations (ALGORITHMS.md 2.12, 5.16: the paper indexes
+    m_t, h_t by a global step and never resets them), plain averaging. ``keep_momentum=False`` keeps h only and
+    restarts m every round (this library's behaviour before issue 14). Defaults: Local Sophia's (the seeds give
+    none). Sends 1 | 1 (the state never leaves the client)."""
+    return Algorithm("fed_sophia", _sophia(lr, weight_decay, rho, betas, hessian_estimator, hess_interval,
+                                           momentum_in_theta=keep_momentum),
                      state_sync=PersistLocal())
 
 

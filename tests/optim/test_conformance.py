@@ -32,6 +32,7 @@ CASES = {
     "sophia[hutchinson]": ({"lr": 1e-2, "weight_decay": 0.0, "hessian_estimator": "hutchinson"}, {"hessian"}),
     "sophia[empirical_fisher]": ({"lr": 1e-2, "weight_decay": 0.0, "hessian_estimator": "empirical_fisher"},
                                  {"hessian"}),
+    "sophia[m and h]": ({"lr": 1e-2, "weight_decay": 0.0, "momentum_in_theta": True}, {"hessian", "exp_avg"}),
 }
 
 
