@@ -162,10 +162,12 @@ def test_fedopt_server_moments(tmp_path, kind):
     assert_matches(got, federate(2, 0.05, client, server))
 
 
-def test_prefedopt_server_covariance_preconditioner(tmp_path):
-    """Clients: SGD momentum 0.9 (torch: buf <- mu buf + g, first buf = g). Server: D = mean Delta / K ;
-    m <- b1 m + (1-b1) D ; P <- b2 P + (1-b2)(D - m)^2 ; x <- x + eta D / sqrt(P + tau) (ALGORITHMS.md 2.14)."""
-    K, mu, b1, b2, tau, server_lr = 3, 0.9, 0.9, 0.9, 1e-3, 0.05
+@pytest.mark.parametrize("mu", [0.9, 0.0])
+def test_prefedopt_server_covariance_preconditioner(tmp_path, mu):
+    """Clients: SGD momentum 0.9 by default (torch: buf <- mu buf + g, first buf = g), plain SGD (Alg. 3) with
+    momentum 0. Server: D = mean Delta / K ; m <- b1 m + (1-b1) D ; P <- b2 P + (1-b2)(D - m)^2 ;
+    x <- x + eta D / sqrt(P + tau) (ALGORITHMS.md 2.14)."""
+    K, b1, b2, tau, server_lr = 3, 0.9, 0.9, 1e-3, 0.05
     state = {}
 
     def client(i, r, eta, x, sample):
@@ -186,7 +188,7 @@ def test_prefedopt_server_covariance_preconditioner(tmp_path):
             out[k] = x[k] + server_lr * D / (P + tau).sqrt()
         return out
 
-    got, _ = run(tmp_path, "prefedopt", rounds=2, local_steps=K)
+    got, _ = run(tmp_path, "prefedopt", rounds=2, local_steps=K, algorithm_kwargs={} if mu == 0.9 else {"momentum": mu})
     assert_matches(got, federate(2, 0.05, client, server))
 
 

@@ -22,8 +22,8 @@ def optimizer_settings(algo) -> dict:
               else {"": opt.param_groups[0]})
     out = {"optimizer": algo.local_optimizer.cls.__name__}
     out.update({prefix + k: v for prefix, g in groups.items() for k, v in g.items() if k not in _TORCH_FLAGS})
-    for attribute in ("momentum_form", "ortho", "eigenbasis_refresh", "momentum_in_theta", "hessian_estimator", "hess_interval", "hessian_grad_clip", "amsgrad", "damping",
-                      "curvature_samples"):
+    for attribute in ("momentum_form", "ortho", "eigenbasis_refresh", "momentum_in_theta", "hessian_estimator",
+                      "hess_interval", "hessian_grad_clip", "amsgrad", "damping", "curvature_samples"):
         if hasattr(opt, attribute):
             out[attribute] = getattr(opt, attribute)
     out.pop("hessian_batch_size", None)  # Sophia's bs of the last refresh: state, not a setting

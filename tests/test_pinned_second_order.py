@@ -97,7 +97,7 @@ def sorted_eigenvectors(M):
 
 
 def refreshed(factor, basis, V, dim):
-    """SOAP's cheap refresh of one side: sort by the Rayleigh quotients, permute V along ``dim``, one power step + QR."""
+    """SOAP's cheap refresh of one side: sort by Rayleigh quotients, permute V along ``dim``, one power step + QR."""
     order = torch.argsort(torch.diagonal(basis.T @ factor @ basis), descending=True)
     return torch.linalg.qr(factor @ basis[:, order])[0], V.index_select(dim, order)
 
@@ -168,7 +168,8 @@ def test_sophia_family(tmp_path, name, beta, policy, options):
     """SophiaG (ALGORITHMS.md 1.5): h <- b2 h + (1-b2) g*g at steps 0, 2, ... (empirical Fisher on the step's batch,
     bs = its rows); x <- x(1 - lr wd); m <- b1 m + (1-b1) g; x <- x - lr sign(m) min(|m| / (rho bs h + 1e-15), 1).
     h is averaged and warm-started (FedPAC_Sophia, 2.9c), kept per client with m (Fed-Sophia, 2.12; m restarts with
-    ``keep_momentum=False``) or reset (Local Sophia, 2.1); m restarts each round unless kept. 3 clients, 2 per round, 3 rounds: a client's own h is older than the average."""
+    ``keep_momentum=False``) or reset (Local Sophia, 2.1); m restarts each round unless kept. 3 clients, 2 per
+    round, 3 rounds: a client's own h is older than the average."""
     K, b1, b2, wd, rho, bs, N, S = 3, 0.9, 0.99, 0.01, 50.0, 2, 3, 2
     mix, hbar, own, own_m, finals_h = GlobalDirection(K), {}, {}, {}, {}
 

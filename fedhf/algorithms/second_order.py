@@ -244,8 +244,9 @@ def prefed(lr: float = 1e-3, betas=(0.9, 0.9), tau: float = 1e-3, weight_decay: 
 @ALGORITHMS.register("prefedopt")
 def prefedopt(lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0, server_lr: float = 0.05,
               beta1: float = 0.9, beta2: float = 0.9, tau: float = 1e-3) -> Algorithm:
-    """PreFedOpt (Tao et al., AISTATS 2022, Alg. 3): local SGD (momentum 0.9, lr 0.05 as the paper's FedAvg), the
-    covariance preconditioner on the server: x <- x + eta_g D / sqrt(P + tau) with D the per-step mean update
-    (sign and momentum typos fixed, ALGORITHMS.md 5.12). Sends 1 | 1."""
+    """PreFedOpt (Tao et al., AISTATS 2022, Alg. 3): local SGD (momentum 0.9, lr 0.05 as the paper's FedAvg
+    baseline, sec. 6), the covariance preconditioner on the server: x <- x + eta_g D / sqrt(P + tau) with D the
+    per-step mean update (sign and momentum typos fixed, ALGORITHMS.md 5.12). Alg. 3's client is plain SGD:
+    ``momentum=0`` (the momentum buffer restarts every round either way). Sends 1 | 1."""
     opt = LocalOptimizer("sgd", {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
     return Algorithm("prefedopt", opt, server_rule=ServerRule(Mean(), [CovarianceServer(server_lr, beta1, beta2, tau)]))
