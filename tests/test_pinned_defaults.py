@@ -57,7 +57,7 @@ def muon(momentum):  # 1.3 / 2.1 "Local Muon: lr 3e-2, b1 0.9, b2 0.95 (aux Adam
 
 SOAP = {"optimizer": "SOAP", "lr": 3e-3, "betas": (0.95, 0.95), "shampoo_beta": 0.95, "eps": 1e-8,  # 1.4, 2.1, 2.9b
         "weight_decay": 0.01, "precondition_frequency": 10, "max_precond_dim": 10000, "precondition_1d": False,
-        "correct_bias": True}
+        "correct_bias": True, "factor_update": "after", "eigenbasis_refresh": "sorted"}  # the authors' code order
 SOPHIA = {"optimizer": "Sophia", "lr": 3e-4, "betas": (0.9, 0.99), "rho": 0.01, "weight_decay": 0.01,  # 2.1, 2.9c
           "eps": 1e-15, "hessian_estimator": "gnb", "hess_interval": 10, "hessian_grad_clip": None,  # 1.5, 5.7
           "momentum_in_theta": False}  # m restarts each round (2.1, 2.9c)

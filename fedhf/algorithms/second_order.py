@@ -124,7 +124,9 @@ def fedpac_soap(lr: float = 3e-3, weight_decay: float = 0.01, betas=(0.95, 0.95)
                 beta: float = 0.5) -> Algorithm:
     """FedPAC_SOAP (FedPAC Alg. 2 with SOAP): the factors L, R averaged and warm-started (the eigenbasis and Adam
     moments restart: the first local step builds the eigenbasis from Lbar, Rbar and the first gradient), plus
-    global-direction mixing. Defaults: FedPAC Table 8. Sends 1 + LR | 2 + LR."""
+    global-direction mixing. Defaults: FedPAC Table 8. Sends 1 + LR | 2 + LR. SOAP runs in the authors' code order
+    (factors updated after the step, sorted eigenbasis refresh); ``local_optimizer_kwargs`` ``factor_update="before"``
+    / ``eigenbasis_refresh="power_qr"`` select the other orders (fedhf.optim.soap)."""
     return _fedpac_soap("fedpac_soap", False, lr, weight_decay, betas, precondition_frequency, beta, None)
 
 

@@ -24,6 +24,8 @@ CASES = {
     "muon": ({"lr": 1e-2}, {"momentum_buffer"}),  # the two weight matrices only
     "muon[sum svd]": ({"lr": 1e-2, "momentum_form": "sum", "ortho": "svd", "nesterov": False}, {"momentum_buffer"}),
     "soap": ({"lr": 3e-2}, {"GG0", "GG1"}),  # L and R of the matrices; biases have no factor
+    "soap[before power_qr]": ({"lr": 3e-2, "factor_update": "before", "eigenbasis_refresh": "power_qr"},
+                              {"GG0", "GG1"}),
     "amsgrad": ({"lr": 1e-2}, {"max_exp_avg_sq"}),
     "amsgrad[no max]": ({"lr": 1e-2, "amsgrad": False}, {"exp_avg_sq"}),
     "covariance_adam": ({"lr": 1e-2}, {"P"}),
