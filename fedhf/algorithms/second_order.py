@@ -17,9 +17,11 @@ from ..server import CovarianceServer, Mean, PreconditionedMix, ServerRule, Step
 from ..sync import AverageWarmstart, CompressedAverage, PersistLocal, StateSync
 
 
-def _muon(lr: float, muon_lr_mult: float, momentum: float, weight_decay: float, routing: str) -> LocalOptimizer:
+def _muon(lr: float, muon_lr_mult: float, momentum: float, weight_decay: float, routing: str,
+          **form) -> LocalOptimizer:
+    """``form``: FedMuon's optional ``momentum_form`` / ``ortho`` / ``nesterov`` (fedhf.optim.muon_exact)."""
     return LocalOptimizer("muon", {"lr": lr, "muon_lr_mult": muon_lr_mult, "momentum": momentum,
-                                   "weight_decay": weight_decay, "routing": routing})
+                                   "weight_decay": weight_decay, "routing": routing, **form})
 
 
 def _soap(lr: float, weight_decay: float, betas: Tuple[float, float], precondition_frequency: int) -> LocalOptimizer:
@@ -28,9 +30,10 @@ def _soap(lr: float, weight_decay: float, betas: Tuple[float, float], preconditi
 
 
 def _sophia(lr: float, weight_decay: float, rho: float, betas: Tuple[float, float], hessian_estimator: str,
-            hess_interval: int) -> LocalOptimizer:
+            hess_interval: int, momentum_in_theta: bool = False) -> LocalOptimizer:
     return LocalOptimizer("sophia", {"lr": lr, "weight_decay": weight_decay, "rho": rho, "betas": tuple(betas),
-                                     "hessian_estimator": hessian_estimator, "hess_interval": hess_interval})
+                                     "hessian_estimator": hessian_estimator, "hess_interval": hess_interval,
+                                     "momentum_in_theta": momentum_in_theta})
 
 
 def _foof(lr: float, damping: float, weight_decay: float, curvature_samples) -> LocalOptimizer:
@@ -63,13 +66,20 @@ def local_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01
 # ---------------------------------------------------------------- FedMuon / FedPAC (alignment + correction)
 @ALGORITHMS.register("fedmuon")
 def fedmuon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.98, beta: float = 0.5,
-            weight_decay: float = 0.01, routing: str = "ndim>=2") -> Algorithm:
+            weight_decay: float = 0.01, routing: str = "ndim>=2", momentum_form: str = "ema", ortho: str = "ns5",
+            nesterov: bool = True) -> Algorithm:
     """FedMuon (Liu et al., 2025, "FedMuon: Accelerating Federated Learning with Matrix Orthogonalization"): local
     Muon whose momentum starts from the average of last round's final client momenta, and global-direction mixing
     x <- x - eta [(1 - beta) Muon(g) + beta g_G] after the optimizer (the paper's alpha; beta here as in every
     mixing algorithm, ALGORITHMS.md section 5.3). Defaults: beta 0.5, momentum 0.98
-    (Table 6), wd 0.01; Muon lr = lr * muon_lr_mult = 3e-2. Sends Delta + M up (~2), x + g_G + Mbar down (~3)."""
-    return Algorithm("fedmuon", _muon(lr, muon_lr_mult, momentum, weight_decay, routing),
+    (Table 6), wd 0.01; Muon lr = lr * muon_lr_mult = 3e-2. Sends Delta + M up (~2), x + g_G + Mbar down (~3).
+
+    The local Muon is the authors' code's (Keller Jordan's EMA momentum with Nesterov, Newton-Schulz 5). The paper's
+    Algorithm 1 (M <- beta M + G, exact U V^T of the SVD, no Nesterov) is ``momentum_form="sum", ortho="svd",
+    nesterov=False`` (ALGORITHMS.md 5.4); its averaged momentum is then the sum-form buffer, 1 / (1 - momentum)
+    times the EMA one, and the steps match the EMA form without Nesterov (fedhf.optim.muon_exact)."""
+    form = {"momentum_form": momentum_form, "ortho": ortho, "nesterov": nesterov}
+    return Algorithm("fedmuon", _muon(lr, muon_lr_mult, momentum, weight_decay, routing, **form),
                      correction=GlobalMix(beta, position="after"), state_sync=AverageWarmstart())
 
 
@@ -114,7 +124,9 @@ def fedpac_soap(lr: float = 3e-3, weight_decay: float = 0.01, betas=(0.95, 0.95)
                 beta: float = 0.5) -> Algorithm:
     """FedPAC_SOAP (FedPAC Alg. 2 with SOAP): the factors L, R averaged and warm-started (the eigenbasis and Adam
     moments restart: the first local step builds the eigenbasis from Lbar, Rbar and the first gradient), plus
-    global-direction mixing. Defaults: FedPAC Table 8. Sends 1 + LR | 2 + LR."""
+    global-direction mixing. Defaults: FedPAC Table 8. Sends 1 + LR | 2 + LR. SOAP runs in the authors' code order
+    (factors updated after the step, sorted eigenbasis refresh); ``local_optimizer_kwargs`` ``factor_update="before"``
+    / ``eigenbasis_refresh="power_qr"`` select the other orders (fedhf.optim.soap)."""
     return _fedpac_soap("fedpac_soap", False, lr, weight_decay, betas, precondition_frequency, beta, None)
 
 
@@ -187,11 +199,14 @@ def localnewton(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-
 # ---------------------------------------------------------------- Fed-Sophia, FAdam, PreFed
 @ALGORITHMS.register("fed_sophia")
 def fed_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01, betas=(0.9, 0.99),
-               hessian_estimator: str = "gnb", hess_interval: int = 10) -> Algorithm:
-    """Fed-Sophia (Elbakary et al., 2024, arXiv 2406.06655): local SophiaG whose Hessian estimate h persists per
-    client across its participations (ALGORITHMS.md 5.16; m restarts each round -- the paper is silent), plain
-    averaging. Defaults: Local Sophia's (the seeds give none). Sends 1 | 1."""
-    return Algorithm("fed_sophia", _sophia(lr, weight_decay, rho, betas, hessian_estimator, hess_interval),
+               hessian_estimator: str = "gnb", hess_interval: int = 10, keep_momentum: bool = True) -> Algorithm:
+    """Fed-Sophia (Elbakary et al., 2024, arXiv 2406.06655): local SophiaG whose state -- the momentum m and the
+    Hessian estimate h -- persists per client across its participations (ALGORITHMS.md 2.12, 5.16: the paper indexes
+    m_t, h_t by a global step and never resets them), plain averaging. ``keep_momentum=False`` keeps h only and
+    restarts m every round (this library's behaviour before issue 14). Defaults: Local Sophia's (the seeds give
+    none). Sends 1 | 1 (the state never leaves the client)."""
+    return Algorithm("fed_sophia", _sophia(lr, weight_decay, rho, betas, hessian_estimator, hess_interval,
+                                           momentum_in_theta=keep_momentum),
                      state_sync=PersistLocal())
 
 
@@ -231,8 +246,9 @@ def prefed(lr: float = 1e-3, betas=(0.9, 0.9), tau: float = 1e-3, weight_decay: 
 @ALGORITHMS.register("prefedopt")
 def prefedopt(lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0, server_lr: float = 0.05,
               beta1: float = 0.9, beta2: float = 0.9, tau: float = 1e-3) -> Algorithm:
-    """PreFedOpt (Tao et al., AISTATS 2022, Alg. 3): local SGD (momentum 0.9, lr 0.05 as the paper's FedAvg), the
-    covariance preconditioner on the server: x <- x + eta_g D / sqrt(P + tau) with D the per-step mean update
-    (sign and momentum typos fixed, ALGORITHMS.md 5.12). Sends 1 | 1."""
+    """PreFedOpt (Tao et al., AISTATS 2022, Alg. 3): local SGD (momentum 0.9, lr 0.05 as the paper's FedAvg
+    baseline, sec. 6), the covariance preconditioner on the server: x <- x + eta_g D / sqrt(P + tau) with D the
+    per-step mean update (sign and momentum typos fixed, ALGORITHMS.md 5.12). Alg. 3's client is plain SGD:
+    ``momentum=0`` (the momentum buffer restarts every round either way). Sends 1 | 1."""
     opt = LocalOptimizer("sgd", {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
     return Algorithm("prefedopt", opt, server_rule=ServerRule(Mean(), [CovarianceServer(server_lr, beta1, beta2, tau)]))

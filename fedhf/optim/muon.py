@@ -21,6 +21,11 @@ and an embedding routed here pays it for a layer whose forward is a lookup -- ``
 
 Learning rates follow the FedMuon code: AdamW runs at ``lr`` (the round's scheduled learning rate) and Muon at
 ``lr * muon_lr_mult``, so the cosine schedule over rounds moves both together.
+
+Forms (``momentum_form``, ``ortho``): the default ``"ema"`` + ``"ns5"`` is Keller Jordan's Muon, run by
+``torch.optim.Muon``; ``momentum_form="sum"`` (B <- mu B + G) and/or ``ortho="svd"`` (the exact U V^T) run
+:class:`fedhf.optim.muon_exact.ExactMuon` instead -- with ``nesterov=False`` that is FedMuon's Algorithm 1
+(ALGORITHMS.md 1.3, 2.8, 5.4).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Dict, Iterable, List, Mapping, Tuple, Union
 import torch
 
 from .base import FederatedOptimizer, TensorDict, split_theta_key, theta_key
+from .muon_exact import MOMENTUM_FORMS, ORTHOGONALISATIONS, ExactMuon
 
 ROUTINGS = ("ndim>=2", "hidden_only")
 #: Name fragments of embeddings and output heads, which "hidden_only" keeps off Muon.
@@ -60,19 +66,33 @@ class MuonAdamW(FederatedOptimizer):
     def __init__(self, params: Iterable[Union[torch.Tensor, Tuple[str, torch.Tensor]]], lr: float = 3e-4,
                  muon_lr_mult: float = 100.0, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.01, betas: Tuple[float, float] = (0.9, 0.95), eps: float = 1e-10,
-                 ns_steps: int = 5, adjust_lr_fn: Union[str, None] = None, routing: str = "ndim>=2") -> None:
+                 ns_steps: int = 5, adjust_lr_fn: Union[str, None] = None, routing: str = "ndim>=2",
+                 momentum_form: str = "ema", ortho: str = "ns5") -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"`routing` must be one of {ROUTINGS}, got {routing!r}.")
+        if momentum_form not in MOMENTUM_FORMS or ortho not in ORTHOGONALISATIONS:
+            raise ValueError(f"`momentum_form` must be one of {MOMENTUM_FORMS} and `ortho` one of "
+                             f"{ORTHOGONALISATIONS}, got {momentum_form!r}, {ortho!r}.")
+        exact = (momentum_form, ortho) != ("ema", "ns5")
+        if exact and (ns_steps != 5 or adjust_lr_fn not in (None, "original")):
+            raise ValueError("`momentum_form='sum'` / `ortho='svd'` run fedhf's ExactMuon, which has 5 Newton-Schulz "
+                             "steps and the 'original' lr scaling only: leave `ns_steps` and `adjust_lr_fn` unset.")
         named = [(item if isinstance(item, tuple) else (f"param{i}", item)) for i, item in enumerate(params)]
         # Muon's tensor -> the parameter it is (a 2-D parameter itself, or the matrix view of a conv filter).
         self.muon_params: Dict[torch.Tensor, torch.Tensor] = {
             as_matrix(p): p for n, p in named if route_to_muon(n, p, routing)}
         self._views = [(matrix, p) for matrix, p in self.muon_params.items() if matrix is not p]  # conv filters
         others: List[torch.Tensor] = [p for n, p in named if not route_to_muon(n, p, routing)]
-        self.muon_lr_mult = muon_lr_mult
-        self.muon = torch.optim.Muon(list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum,
-                                     nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
-                                     adjust_lr_fn=adjust_lr_fn) if self.muon_params else None
+        self.muon_lr_mult, self.momentum_form, self.ortho = muon_lr_mult, momentum_form, ortho
+        if not self.muon_params:
+            self.muon = None
+        elif exact:
+            self.muon = ExactMuon(list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum, nesterov=nesterov,
+                                  weight_decay=weight_decay, momentum_form=momentum_form, ortho=ortho)
+        else:
+            self.muon = torch.optim.Muon(list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum,
+                                         nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
+                                         adjust_lr_fn=adjust_lr_fn)
         self.adamw = torch.optim.AdamW(others, lr=lr, betas=tuple(betas), eps=eps,
                                        weight_decay=weight_decay) if others else None
         super().__init__(named, {"lr": lr})
@@ -94,7 +114,7 @@ class MuonAdamW(FederatedOptimizer):
             if state_key != "momentum_buffer" or name not in matrices:
                 raise KeyError(f"MuonAdamW has no Theta entry {key!r}")
             matrix = matrices[name]
-            # torch.optim.Muon creates its buffer only when absent, so a warm-started one is kept.
+            # torch.optim.Muon and ExactMuon create the buffer only when absent, so a warm-started one is kept.
             self.muon.state[matrix]["momentum_buffer"] = (
                 value.detach().to(device=matrix.device, dtype=matrix.dtype).reshape(matrix.shape).clone())
 

@@ -28,6 +28,16 @@ Deviations from the reference, all said on purpose:
   arbitrary either way); a failing float32 ``eigh`` is retried in float64, as in the reference.
 * ``import_theta`` drops the eigenbasis, moments and step counter of the tensors it sets: new factors make
   the old eigenbasis stale, and 2.9b restarts m, V, t with the next (non-moving) step.
+
+Order options (defaults = the authors' code, ALGORITHMS.md 1.4; issue 14 item 2):
+* ``factor_update="after"`` (default): the factors absorb G after the parameter step, so a step never uses its
+  own gradient's outer product (as the paper's single-step listing also writes it). ``"before"``: the factors
+  absorb G first and a due refresh runs before the step, so the basis G is projected with already contains G
+  (Shampoo's usual order).
+* ``eigenbasis_refresh="sorted"`` (default): before the power step the columns of Q are sorted by their Rayleigh
+  quotients diag(Q^T L Q), descending, and V is permuted alongside. ``"power_qr"``: Q <- QR(L Q) with Q's columns
+  in their current order and V unpermuted -- the paper's power-iteration + QR routine as written (its Alg. 4).
+  QR orthogonalises the columns in order, so the two give different bases.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ from .base import FederatedOptimizer, NamedParams, TensorDict, split_theta_key, 
 
 Bases = Sequence[Optional[torch.Tensor]]  # one entry per tensor dimension; None = identity (no factor)
 _FACTOR_KEY = re.compile(r"GG(\d+)")
+FACTOR_UPDATES = ("after", "before")
+EIGENBASIS_REFRESHES = ("sorted", "power_qr")
 
 
 def preconditioned_dims(shape: torch.Size, max_precond_dim: int, precondition_1d: bool) -> List[int]:
@@ -97,13 +109,14 @@ def eigenbases(factors: Bases) -> List[Optional[torch.Tensor]]:
     return out
 
 
-def refresh_eigenbases(factors: Bases, bases: Bases, exp_avg_sq: torch.Tensor
+def refresh_eigenbases(factors: Bases, bases: Bases, exp_avg_sq: torch.Tensor, sort: bool = True
                        ) -> Tuple[List[Optional[torch.Tensor]], torch.Tensor]:
     """One power iteration + QR per factor, warm-started from the current basis (SOAP's cheap refresh).
 
     The old basis columns are first sorted by their Rayleigh quotients diag(Q^T L Q), descending, and V is
     permuted along that dimension by the same order: its coordinates follow their eigenvectors. V is never
-    rotated -- SOAP's approximation. Returns the new bases and the permuted V.
+    rotated -- SOAP's approximation. Returns the new bases and the permuted V. ``sort=False`` keeps the columns
+    in their order and V as it is (``eigenbasis_refresh="power_qr"``).
     """
     out = []
     for dim, (factor, basis) in enumerate(zip(factors, bases)):
@@ -112,6 +125,9 @@ def refresh_eigenbases(factors: Bases, bases: Bases, exp_avg_sq: torch.Tensor
             continue
         # L Q is needed twice: its column-wise dot with Q gives diag(Q^T L Q), and permuted it is the power step.
         factor_basis = factor @ basis
+        if not sort:
+            out.append(torch.linalg.qr(factor_basis)[0])
+            continue
         order = torch.argsort((basis * factor_basis).sum(0), descending=True)
         exp_avg_sq = exp_avg_sq.index_select(dim, order)
         out.append(torch.linalg.qr(factor_basis[:, order])[0])
@@ -139,17 +155,22 @@ def soap_direction(grad: torch.Tensor, bases: Bases, exp_avg: torch.Tensor, exp_
 class SOAP(FederatedOptimizer):
     """SOAP (Vyas et al., 2024) with the reference defaults; Theta = the Shampoo factors ``GG<dim>``.
 
-    ``shampoo_beta < 0`` uses ``betas[1]`` for the factors' EMA.
+    ``shampoo_beta < 0`` uses ``betas[1]`` for the factors' EMA. ``factor_update`` and ``eigenbasis_refresh``: see
+    the module docstring.
     """
 
     def __init__(self, params: NamedParams, lr: float = 3e-3, betas: Tuple[float, float] = (0.95, 0.95),
                  shampoo_beta: float = -1.0, eps: float = 1e-8, weight_decay: float = 0.01,
                  precondition_frequency: int = 10, max_precond_dim: int = 10000, precondition_1d: bool = False,
-                 correct_bias: bool = True) -> None:
+                 correct_bias: bool = True, factor_update: str = "after", eigenbasis_refresh: str = "sorted") -> None:
+        if factor_update not in FACTOR_UPDATES or eigenbasis_refresh not in EIGENBASIS_REFRESHES:
+            raise ValueError(f"`factor_update` must be one of {FACTOR_UPDATES} and `eigenbasis_refresh` one of "
+                             f"{EIGENBASIS_REFRESHES}, got {factor_update!r}, {eigenbasis_refresh!r}.")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), shampoo_beta=shampoo_beta, eps=eps,
                                       weight_decay=weight_decay, precondition_frequency=precondition_frequency,
                                       max_precond_dim=max_precond_dim, precondition_1d=precondition_1d,
-                                      correct_bias=correct_bias))
+                                      correct_bias=correct_bias, factor_update=factor_update,
+                                      eigenbasis_refresh=eigenbasis_refresh))
 
     @staticmethod
     def _dims(group: dict, p: torch.Tensor) -> List[int]:
@@ -178,18 +199,30 @@ class SOAP(FederatedOptimizer):
                     continue
                 state["step"] += 1
                 bases = [state.get(f"Q{d}") for d in range(p.ndim)]
+                before = group["factor_update"] == "before"
+                if before:  # Shampoo's order: the basis used below already contains G
+                    update_factors(factors, grad, shampoo_beta)
+                    bases = self._refresh_if_due(group, state, factors, bases)
                 direction = soap_direction(grad, bases, state["exp_avg"], state["exp_avg_sq"], state["step"],
                                            (beta1, beta2), group["eps"], group["correct_bias"])
                 p.add_(direction.to(p.dtype), alpha=-lr)
                 if group["weight_decay"] > 0:  # decoupled, after the update (reference order)
                     p.mul_(1 - lr * group["weight_decay"])
-                # The factors see G only after it was used: the projection never contains the current gradient.
-                update_factors(factors, grad, shampoo_beta)
-                if any(b is not None for b in bases) and state["step"] % group["precondition_frequency"] == 0:
-                    exp_avg = project_back(state["exp_avg"], bases)
-                    new_bases, state["exp_avg_sq"] = refresh_eigenbases(factors, bases, state["exp_avg_sq"])
-                    state["exp_avg"] = project(exp_avg, new_bases)
-                    self._set_bases(state, new_bases)
+                if not before:  # the reference order: the projection never contains the current gradient
+                    update_factors(factors, grad, shampoo_beta)
+                    self._refresh_if_due(group, state, factors, bases)
+
+    def _refresh_if_due(self, group: dict, state: dict, factors: Bases, bases: Bases) -> Bases:
+        """Every ``precondition_frequency`` updates: new bases (m re-projected, V permuted if sorted); the bases now
+        in use."""
+        if all(b is None for b in bases) or state["step"] % group["precondition_frequency"] != 0:
+            return bases
+        exp_avg = project_back(state["exp_avg"], bases)
+        new_bases, state["exp_avg_sq"] = refresh_eigenbases(factors, bases, state["exp_avg_sq"],
+                                                            sort=group["eigenbasis_refresh"] == "sorted")
+        state["exp_avg"] = project(exp_avg, new_bases)
+        self._set_bases(state, new_bases)
+        return new_bases
 
     @staticmethod
     def _set_bases(state: dict, bases: Bases) -> None:

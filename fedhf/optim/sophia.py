@@ -24,7 +24,9 @@ so a client round also refreshes at its step 0 and never runs a short round (K <
 uses ``torch.autograd.grad`` and so leaves ``.grad`` untouched for the step's own backward. Its random draws come
 from torch's global RNG, which the trainer seeds per client.
 
-Theta (what FedPAC_Sophia averages and warm-starts, Fed-Sophia persists) is ``h`` only; m restarts with the optimizer.
+Theta (what FedPAC_Sophia averages and warm-starts, Fed-Sophia persists) is ``h``; m restarts with the optimizer,
+unless ``momentum_in_theta=True`` makes Theta {h, m} (state keys ``hessian`` and ``exp_avg``): Fed-Sophia keeps both
+per client (ALGORITHMS.md 2.12, 5.16).
 """
 
 from __future__ import annotations
@@ -162,6 +164,7 @@ class Sophia(FederatedOptimizer):
     as ``train_sophiag.py`` does with its ``grad_clip``; None (default) leaves it unclipped.
     ``shift_labels``: pair logits position t with label t + 1 (HF causal LMs); None detects a transformers causal
     LM class (``*ForCausalLM``, ``GPT2LMHeadModel``, ...) anywhere in the model, PEFT wrappers included.
+    ``momentum_in_theta``: Theta is {h, m} instead of h alone, so a state-sync rule keeps or averages m too.
     """
 
     theta_keys = ("hessian",)
@@ -171,7 +174,7 @@ class Sophia(FederatedOptimizer):
     def __init__(self, params: NamedParams, lr: float = 1e-4, betas: Tuple[float, float] = (0.965, 0.99),
                  rho: float = 0.04, weight_decay: float = 0.1, hessian_estimator: str = "gnb",
                  hess_interval: int = 10, eps: float = 1e-15, hessian_grad_clip: Optional[float] = None,
-                 shift_labels: Optional[bool] = None) -> None:
+                 shift_labels: Optional[bool] = None, momentum_in_theta: bool = False) -> None:
         if hessian_estimator not in HESSIAN_ESTIMATORS:
             raise ValueError(f"`hessian_estimator` must be one of {HESSIAN_ESTIMATORS}, got {hessian_estimator!r}.")
         if hess_interval < 1:
@@ -180,6 +183,8 @@ class Sophia(FederatedOptimizer):
             raise ValueError(f"Sophia: invalid lr={lr}, betas={betas}, rho={rho} or weight_decay={weight_decay}.")
         self.hessian_estimator = hessian_estimator
         self.hess_interval = hess_interval
+        self.momentum_in_theta = bool(momentum_in_theta)  # fixed per optimizer: it decides what Theta is
+        self.theta_keys = ("hessian", "exp_avg") if self.momentum_in_theta else ("hessian",)
         self.hessian_grad_clip = hessian_grad_clip
         self.shift_labels = shift_labels
         # "hessian_batch_size" is bs of the last refresh; kept in the param groups so state_dict round-trips it.

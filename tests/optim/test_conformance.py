@@ -22,7 +22,10 @@ CASES = {
     "sgd": ({"lr": 0.5}, set()),
     "adamw": ({"lr": 1e-2}, {"exp_avg_sq"}),
     "muon": ({"lr": 1e-2}, {"momentum_buffer"}),  # the two weight matrices only
+    "muon[sum svd]": ({"lr": 1e-2, "momentum_form": "sum", "ortho": "svd", "nesterov": False}, {"momentum_buffer"}),
     "soap": ({"lr": 3e-2}, {"GG0", "GG1"}),  # L and R of the matrices; biases have no factor
+    "soap[before power_qr]": ({"lr": 3e-2, "factor_update": "before", "eigenbasis_refresh": "power_qr"},
+                              {"GG0", "GG1"}),
     "amsgrad": ({"lr": 1e-2}, {"max_exp_avg_sq"}),
     "amsgrad[no max]": ({"lr": 1e-2, "amsgrad": False}, {"exp_avg_sq"}),
     "covariance_adam": ({"lr": 1e-2}, {"P"}),
@@ -31,6 +34,7 @@ CASES = {
     "sophia[hutchinson]": ({"lr": 1e-2, "weight_decay": 0.0, "hessian_estimator": "hutchinson"}, {"hessian"}),
     "sophia[empirical_fisher]": ({"lr": 1e-2, "weight_decay": 0.0, "hessian_estimator": "empirical_fisher"},
                                  {"hessian"}),
+    "sophia[m and h]": ({"lr": 1e-2, "weight_decay": 0.0, "momentum_in_theta": True}, {"hessian", "exp_avg"}),
 }
 
 
