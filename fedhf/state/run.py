@@ -19,6 +19,9 @@ FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_s
                       "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
                       "per_device_train_batch_size", "max_grad_norm", "partition_key", "partition_key_buckets",
                       "quantity_skew", "client_eval_fraction")
+#: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
+ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
+                "client_eval_fraction": 0.0}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state")
 
@@ -54,7 +57,7 @@ def fingerprint(args, algorithm) -> dict:
 
 
 def check_fingerprint(path: str, meta: dict, expected: dict) -> None:
-    stored = meta.get("fingerprint", {})
+    stored = {**ADDED_FIELDS, **meta.get("fingerprint", {})}
     mismatched = sorted(k for k in expected if stored.get(k) != expected[k])
     if mismatched:
         details = "; ".join(f"{k}: checkpoint {stored.get(k)!r}, now {expected[k]!r}" for k in mismatched)

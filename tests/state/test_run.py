@@ -1,4 +1,5 @@
-"""The run fingerprint a checkpoint carries covers the split settings: resuming with another split is refused."""
+"""The run fingerprint a checkpoint carries covers the split settings: resuming with another split is refused;
+a checkpoint from before those settings existed resumes when they are at their defaults."""
 
 from __future__ import annotations
 
@@ -19,3 +20,14 @@ def test_a_different_split_is_a_different_run(tmp_path, changed):
     (name, value), = changed.items()
     with pytest.raises(ValueError, match=f"different run.*{name}: checkpoint .*, now {value!r}"):
         check_fingerprint("ckpt", stored, fingerprint(other, other.build_algorithm()))
+
+
+def test_a_checkpoint_written_before_the_split_settings_existed_resumes_with_their_defaults(tmp_path):
+    args = config(tmp_path)
+    older = fingerprint(args, args.build_algorithm())
+    for name in ("partition_key", "partition_key_buckets", "quantity_skew", "client_eval_fraction"):
+        del older[name]
+    check_fingerprint("ckpt", {"fingerprint": older}, fingerprint(args, args.build_algorithm()))
+    other = config(tmp_path, quantity_skew=1.0)
+    with pytest.raises(ValueError, match="quantity_skew: checkpoint 0.0, now 1.0"):
+        check_fingerprint("ckpt", {"fingerprint": older}, fingerprint(other, other.build_algorithm()))
