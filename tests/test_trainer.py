@@ -154,9 +154,9 @@ class _PoisonedClient(FederatedTrainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         return loss * float("nan") if self._current_client == 1 else loss
 
-    def _train_client(self, ctx, buffers):
+    def _begin_client(self, ctx, access=None):
         self._current_client = ctx.client_id
-        super()._train_client(ctx, buffers)
+        return super()._begin_client(ctx, access)
 
 
 def test_a_client_that_returns_nan_is_excluded_and_the_run_completes(digits, tmp_path):
@@ -188,9 +188,9 @@ class _AdversarialClient(FederatedTrainer):
                 d.fill_(1e4)
         return super()._faulty(loss_sum, delta)
 
-    def _train_client(self, ctx, buffers):
+    def _begin_client(self, ctx, access=None):
         self._current_client = ctx.client_id
-        super()._train_client(ctx, buffers)
+        return super()._begin_client(ctx, access)
 
 
 @pytest.mark.parametrize("rule, bounded", [("mean", False), ("median", True), ("trimmed_mean", True)])
