@@ -17,9 +17,10 @@ from .checkpoint import PREFIX, latest_checkpoint
 #: Config fields that must match between a checkpoint and the run resuming from it.
 FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
                       "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
-                      "per_device_train_batch_size", "max_grad_norm")
+                      "per_device_train_batch_size", "max_grad_norm", "parameter_sharing", "parameter_sharing_kwargs")
 
-GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state")
+GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
+          "base_params")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class RunState:
     server_state: TensorDict
     correction_state: TensorDict
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar of average_warmstart / compressed_average
+    personal_init: TensorDict = field(default_factory=dict)  # personal tensors at the start (fedhf/sharing.py)
+    base_params: TensorDict = field(default_factory=dict)  # frozen base weights a server rule folds into (FedEx-LoRA)
     rounds_done: int = 0
     uplink_bytes: float = 0.0
     downlink_bytes: float = 0.0
