@@ -77,10 +77,6 @@ class ParameterSharing:
                 patterns.append((role, regex))
         return cls(preset, tuple(patterns))
 
-    @property
-    def is_all_shared(self) -> bool:
-        return self.preset == "all" and not self.patterns
-
     def roles(self, model: torch.nn.Module) -> Dict[str, str]:
         """shared / personal / frozen for every trainable parameter; refuses a preset whose LoRA role the model
         lacks, a pattern that matches nothing, and a split that leaves nothing shared."""

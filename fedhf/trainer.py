@@ -102,7 +102,8 @@ class FederatedTrainer(RunOutputs, Trainer):
         self.algorithm = args.build_algorithm()
         self.sharing = args.build_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
-        self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base)  # FedEx-LoRA's base weights
+        self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base,  # FedEx-LoRA, FLoRA
+                                  args.load_best_model_at_end)
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
                 raise ValueError("Pass `client_partitions` when `train_dataset` is not a datasets.Dataset.")

@@ -190,6 +190,9 @@ BAD_INPUTS = [
     Bad("`server_rule='fedex_lora'` on a model without LoRA", "server_rule", _digits(server_rule="fedex_lora")),
     Bad("`server_rule='fedex_lora'` with personal LoRA B (`parameter_sharing='fedsa'`)", "parameter_sharing",
         _lora_tweets(server_rule="fedex_lora", parameter_sharing="fedsa")),
+    Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
+        "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
+                                               eval_every_rounds=1, metric_for_best_model="loss")),
 ]
 
 

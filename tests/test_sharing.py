@@ -9,11 +9,11 @@ import torch
 from transformers import DataCollatorWithPadding, TrainerCallback
 
 from fedhf import FederatedTrainer
-from fedhf.lora import LORA_A, LORA_B, HEAD, role_of, seeded_lora_a
+from fedhf.lora import HEAD, LORA_A, LORA_B, NORM, role_of, seeded_lora_a
 from fedhf.sharing import STORE_NAME
 from fedhf.state import load_checkpoint
 
-from .helpers import config, lora_minilm
+from .helpers import config, digit_trainer, lora_minilm, tiny_resnet
 
 ROUNDS, CLIENTS = 2, 3
 
@@ -139,3 +139,22 @@ def test_patterns_override_the_preset(minilm, tweets, tokenizer, tmp_path):
     _, _, output = _run(minilm, tweets, tokenizer, tmp_path, parameter_sharing="personal_head",
                         parameter_sharing_kwargs={"frozen": [r"\.layer\.0\."]})
     assert output.metrics["uplink_MB"] * 2**20 == ROUNDS * CLIENTS * expected_per_client
+
+
+def test_personal_norm_keeps_batchnorm_weights_and_statistics_per_client(digits, tmp_path):
+    model = tiny_resnet()
+    norm = {n for n, _ in model.named_parameters() if role_of(n) == NORM}
+    stats = {n: b.clone() for n, b in model.named_buffers() if b.is_floating_point() and role_of(n) == NORM}
+    assert norm and stats
+    expected_per_client = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n not in norm)
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, num_rounds=ROUNDS, partition="iid",
+                  partition_report=False, parameter_sharing="personal_norm")
+    trainer = digit_trainer(model, digits, args, evaluate=False)
+    output = trainer.train()
+    assert output.metrics["uplink_MB"] * 2**20 == ROUNDS * CLIENTS * expected_per_client  # no norm, no statistics
+    stored = [trainer.client_store.get(c, STORE_NAME) for c in range(CLIENTS)]
+    assert set(stored[0]) == norm | set(stats)
+    buffers = dict(model.named_buffers())
+    for n, initial in stats.items():
+        assert not torch.equal(stored[0][n], stored[1][n])  # each client's own running statistics
+        assert torch.equal(buffers[n], initial)  # the global model keeps the initial ones
