@@ -25,6 +25,7 @@ from .batched_clients import Routing, concat_batches, per_client, row_losses, st
 from .context import ClientContext
 from .model_outputs import logits_of, loss_items
 from .optim import ModelAccess
+from .sharing import PERSONAL
 
 
 def check_batched_clients(trainer) -> None:
@@ -37,6 +38,8 @@ def check_batched_clients(trainer) -> None:
 
     trainable_linears(trainer.model)  # raises naming the modules that cannot be stacked
     problems = []
+    if PERSONAL in trainer.sharing_roles.values():
+        problems.append("personal tensors (`parameter_sharing`: each client would need its own copy loaded)")
     if federated_buffers(trainer.model):
         problems.append("the model has averaged buffers (BatchNorm statistics would mix the clients' rows)")
     if args.neftune_noise_alpha:

@@ -140,6 +140,13 @@ class FederatedConfig(TrainingArguments):
         default=None, metadata={"help": "Replace the optimizer-state sync: reset, persist_local, average_warmstart, "
                                         "compressed_average."})
     state_sync_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "State sync kwargs."})
+    parameter_sharing: str = field(
+        default="all", metadata={"help": "Which trainable tensors are shared, personal (kept per client) or frozen: "
+                                         "all, fedsa (LoRA B personal), ffa (LoRA A frozen at a seeded init), "
+                                         "personal_head, personal_norm (fedhf/sharing.py)."})
+    parameter_sharing_kwargs: Optional[Union[dict, str]] = field(
+        default=None, metadata={"help": 'Name patterns (regular expressions) overriding the preset: '
+                                        '{"personal": [...], "frozen": [...], "shared": [...]}.'})
     drift_spectral: bool = field(
         default=False,
         metadata={"help": "Also log FedPAC's layer-wise spectral drift mean_i ||Theta_i - Thetabar||_2 per Theta "
@@ -192,7 +199,7 @@ class FederatedConfig(TrainingArguments):
         check_mixed_precision(self)
         check_hub_access(self)  # before Trainer creates the Hub repository
         for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
-                     "state_sync_kwargs"):
+                     "state_sync_kwargs", "parameter_sharing_kwargs"):
             setattr(self, name, _as_dict(getattr(self, name), name))
         if self.clients_per_round is None:
             self.clients_per_round = self.num_clients
@@ -247,6 +254,7 @@ class FederatedConfig(TrainingArguments):
             check_encoder(self.partition_encoder)  # a local folder, before any work
         # Fails here, before any model or data is touched, on an unknown name or a bad keyword.
         self.build_algorithm()
+        self.build_sharing()
 
     def build_algorithm(self):
         from .algorithms import compose
@@ -259,3 +267,8 @@ class FederatedConfig(TrainingArguments):
             state_sync=self.state_sync, state_sync_kwargs=self.state_sync_kwargs,
             learning_rate=self.learning_rate, weight_decay=self.weight_decay,
         )
+
+    def build_sharing(self):
+        from .sharing import ParameterSharing
+
+        return ParameterSharing.from_config(self.parameter_sharing, self.parameter_sharing_kwargs)

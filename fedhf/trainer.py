@@ -48,13 +48,15 @@ from .metrics import drift, plot_history, spectral_drift
 from .message import Message
 from .model_outputs import logits_of, loss_items
 from .optim import ModelAccess, OptimizerHooks
-from .params import difference, federated_buffers, load_into, num_bytes, snapshot, trainable_parameters
+from .params import difference, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
 from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore
 from .state.rotation import rotate_checkpoints
 from .run_outputs import HISTORY_FILE, RunOutputs
+from .sharing import SharingPlan, sharing_roles
+from .lora import BaseFold
 from .state.run import RunState, refuse_to_overwrite, resolve_checkpoint
 from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log
 
@@ -95,6 +97,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)
         self.algorithm = args.build_algorithm()
+        self.sharing = args.build_sharing()
+        self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
+        self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base,  # FedEx-LoRA, FLoRA
+                                  args.load_best_model_at_end)
         check_batched_clients(self)
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
@@ -143,10 +149,12 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         # NEFTune (Jain et al. 2023, arXiv:2310.05914): Trainer attaches its embedding-noise hook in its own loop.
         neftune = activate_neftune(self.model, args.neftune_noise_alpha) if args.neftune_noise_alpha else None
         destroy_process_group_at_exit()
-        params, buffers = trainable_parameters(self.model), federated_buffers(self.model)
+        self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed)  # shared/personal/frozen
+        params, buffers = self.plan.params, self.plan.buffers  # only the shared part is federated
         if checkpoint is None:
             run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server_rule.init(snapshot(params)),
-                           self.algorithm.correction.server_init(snapshot(params)), sync_state={})
+                           self.algorithm.correction.server_init(snapshot(params)), sync_state={},
+                           personal_init=snapshot(self.plan.personal), base_params=self.base_fold.initial())
             self.federated_history = []
         else:
             run = self._restore(checkpoint)
@@ -154,6 +162,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
             save_partition_report({**self.partition_summary, "algorithm": self.algorithm.describe()}, args.output_dir)
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
+        self.base_fold.load(run.base_params)
         self.current_gradient_accumulation_steps = 1
         self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds,
                                   global_step=run.rounds_done)
@@ -206,6 +215,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         self._round_thetas = []  # (w_i, Theta_i) of this process's clients, for the spectral drift only
         downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
                                                            run.correction_state, run.sync_state))
+        downlink_each += num_bytes(run.base_params) if r else 0  # FedEx-LoRA: the residual folded into the base
         mine = self.world.clients_of_this_process(sorted(clients))
         chunks = [mine[i:i + args.batched_clients] for i in range(0, len(mine), args.batched_clients)]
         for chunk in tqdm(chunks, desc=f"round {r + 1}/{args.num_rounds}", leave=False,
@@ -218,9 +228,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
             ) for cid in chunk]
             load_into(params, run.global_params)
             load_into(buffers, run.global_buffers)
-            if args.batched_clients > 1:
+            if args.batched_clients > 1:  # no personal tensors here (refused): nothing per client to load
                 self._train_clients_together(contexts, sums)  # fedhf/batched_round.py
             else:
+                self.plan.load_personal(self.client_store, chunk[0], run.personal_init)
                 self._train_client(contexts[0], buffers, sums)
             sums.add("downlink_bytes", downlink_each * len(chunk))
 
@@ -238,12 +249,17 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
                                                            replace(server_ctx, sums=sums.within("sync")))
             run.global_params, run.server_state = algo.server_rule.apply(
                 run.global_params, run.server_state, replace(server_ctx, sums=sums.within("server")))
+            if algo.server_rule.folds_into_base:  # FedEx-LoRA: the product residual into the frozen base weights
+                run.base_params = self.base_fold.fold(run.base_params, algo.server_rule.base_residual(
+                    run.global_params, replace(server_ctx, sums=sums.within("server"))))
             if run.global_buffers:
                 run.global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", run.global_buffers).items()}
         else:
             logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
+        load_into(self.plan.personal, run.personal_init)  # the global model: shared parts + initial personal ones
+        self.base_fold.load(run.base_params)
         theta_sums = sums.within("sync")
         spectral = spectral_drift(self._round_thetas, theta_sums, total_weight) if args.drift_spectral else None
         self._round_thetas = []
@@ -274,7 +290,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         # Train mode before anything runs the model: curvature hooks run before training_step (which would set
         # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
         self.model.train()
-        optimizer = algo.local_optimizer.build(ctx.params, ctx.local_lr)
+        optimizer = algo.local_optimizer.build(self.plan.trained(ctx.params), ctx.local_lr)  # shared + personal
         algo.state_sync.client_begin(ctx, optimizer)
         optimizer.attach(access or self._model_access(ctx))
         return optimizer
@@ -290,13 +306,14 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
             logger.warning("round %d: client %d excluded (%s)", ctx.round + 1, ctx.client_id, problem)
             sums.add("excluded", 1.0)
             return
+        self.plan.keep_personal(self.client_store, ctx.client_id)
         own = Message().put("dx", delta, scale=ctx.weight)  # the trainer's own message: un-namespaced keys
         if algo.server_rule.gathers:
             sums.gather(ctx.client_id, delta)
         if buffers:
             own.put("buf", snapshot(buffers), scale=ctx.weight)
         messages = {"correction": algo.correction.client_end(ctx)}
-        theta = optimizer.export_theta()
+        theta = self.plan.shared_theta(optimizer.export_theta())
         messages["sync"] = algo.state_sync.client_end(ctx, theta, optimizer.theta_structure(theta))
         if self.args.drift_spectral and theta:
             self._round_thetas.append((ctx.weight, theta))
@@ -329,7 +346,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         """Clip the gradient, then the correction's hooks around the optimizer's step (see fedhf.corrections)."""
         max_norm = self.args.max_grad_norm
         if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
-            torch.nn.utils.clip_grad_norm_(ctx.params.values(), max_norm)
+            torch.nn.utils.clip_grad_norm_(self.plan.trained(ctx.params).values(), max_norm)
         self.algorithm.correction.before_step(ctx)
         optimizer.step()
         self.algorithm.correction.after_step(ctx)

@@ -72,6 +72,13 @@ def _untokenised(env):
                          env["tokenizer"], config(env["tmp_path"]))
 
 
+def _lora_tweets(**kw):
+    def build(env):
+        from .helpers import lora_minilm
+        return tweet_trainer(lora_minilm(env["minilm"]), env["tweets"], env["tokenizer"], config(env["tmp_path"], **kw))
+    return build
+
+
 def _frozen(env):
     model = tiny_resnet()
     model.requires_grad_(False)
@@ -187,6 +194,26 @@ BAD_INPUTS = [
         _partitions(lambda n: [[0], [1], [2], np.arange(3, n)], client_eval_fraction=0.5)),
     Bad("both `client_partitions` and a callable `partition_key`", "partition_key",
         _partitions(lambda n: [[0], [1], [2], np.arange(3, n)], key=lambda row: row["label"])),
+    # --- which tensors are shared (fedhf/sharing.py) ---
+    Bad("unknown `parameter_sharing`", "parameter_sharing", _cfg(parameter_sharing="fedsb")),
+    Bad("a `parameter_sharing_kwargs` key other than shared/personal/frozen", "parameter_sharing_kwargs",
+        _cfg(parameter_sharing_kwargs={"private": ["head"]})),
+    Bad("a `parameter_sharing_kwargs` pattern that is no regular expression", "parameter_sharing_kwargs",
+        _cfg(parameter_sharing_kwargs={"personal": ["lora_B("]})),
+    Bad("a LoRA `parameter_sharing` preset on a model without LoRA", "parameter_sharing",
+        _digits(parameter_sharing="fedsa")),
+    Bad("a `parameter_sharing_kwargs` pattern that matches no trainable parameter", "parameter_sharing_kwargs",
+        _digits(parameter_sharing_kwargs={"personal": ["lora_B"]})),
+    Bad("`parameter_sharing` that leaves nothing shared", "parameter_sharing",
+        _digits(parameter_sharing_kwargs={"personal": ["."]})),
+    Bad("personal tensors with the `preconditioned_mix` server rule (FedPM)", "parameter_sharing",
+        _digits(algorithm="fedpm", parameter_sharing="personal_norm")),
+    Bad("`server_rule='fedex_lora'` on a model without LoRA", "server_rule", _digits(server_rule="fedex_lora")),
+    Bad("`server_rule='fedex_lora'` with personal LoRA B (`parameter_sharing='fedsa'`)", "parameter_sharing",
+        _lora_tweets(server_rule="fedex_lora", parameter_sharing="fedsa")),
+    Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
+        "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
+                                               eval_every_rounds=1, metric_for_best_model="loss")),
 ]
 
 

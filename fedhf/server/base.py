@@ -28,6 +28,10 @@ class Aggregator(ABC):
     gathers = False
     #: Needs the local optimizer's :meth:`~fedhf.optim.base.OptimizerHooks.preconditioners` (checked at compose).
     needs_preconditioners = False
+    #: Changes the frozen base weights of LoRA layers (FedEx-LoRA): the trainer folds :meth:`base_residual` into them.
+    folds_into_base = False
+    #: Aggregates LoRA products B_i A_i (fedhf/server/lora.py): every LoRA A and B must be shared.
+    needs_lora_pairs = False
 
     def client_end(self, ctx: ClientContext, optimizer) -> Message:
         """The client half: what this aggregator needs beyond the model change. Nothing by default."""
@@ -36,6 +40,11 @@ class Aggregator(ABC):
     @abstractmethod
     def aggregate(self, ctx: ServerContext) -> TensorDict:
         """D, one tensor per name of ``ctx.global_params``."""
+
+    def base_residual(self, new_params: TensorDict, ctx: ServerContext) -> TensorDict:
+        """What to fold into each adapted layer's base weight, keyed by the name of its LoRA A, before the scale
+        alpha/r (only with ``folds_into_base``; :class:`fedhf.lora.BaseFold` applies it)."""
+        return {}
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "name")
@@ -78,6 +87,13 @@ class ServerRule:
     @property
     def gathers(self) -> bool:
         return self.aggregator.gathers
+
+    @property
+    def folds_into_base(self) -> bool:
+        return self.aggregator.folds_into_base
+
+    def base_residual(self, new_params: TensorDict, ctx: ServerContext) -> TensorDict:
+        return self.aggregator.base_residual(new_params, ctx)
 
     def init(self, global_params: TensorDict) -> TensorDict:
         """Every transform's state, keyed ``<position>.<key>`` (a chain may hold one transform twice)."""

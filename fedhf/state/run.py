@@ -18,12 +18,13 @@ from .checkpoint import PREFIX, latest_checkpoint
 FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
                       "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
                       "per_device_train_batch_size", "max_grad_norm", "partition_key", "partition_key_buckets",
-                      "quantity_skew", "client_eval_fraction")
+                      "quantity_skew", "client_eval_fraction", "parameter_sharing", "parameter_sharing_kwargs")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
-                "client_eval_fraction": 0.0}
+                "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None}
 
-GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state")
+GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
+          "base_params")
 
 
 @dataclass
@@ -33,6 +34,8 @@ class RunState:
     server_state: TensorDict
     correction_state: TensorDict
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar of average_warmstart / compressed_average
+    personal_init: TensorDict = field(default_factory=dict)  # personal tensors at the start (fedhf/sharing.py)
+    base_params: TensorDict = field(default_factory=dict)  # frozen base weights a server rule folds into (FedEx-LoRA)
     rounds_done: int = 0
     uplink_bytes: float = 0.0
     downlink_bytes: float = 0.0

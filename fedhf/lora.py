@@ -1,0 +1,122 @@
+"""What a LoRA model's tensors are: the role of a parameter name (``lora_A``, ``lora_B``, ``head``, ``norm``) and
+the model's LoRA layers (base weight, A, B and the scale s = lora_alpha / r that peft applies).
+
+A peft LoRA layer computes W x + s B A x (Hu et al. 2021, "LoRA", arXiv:2106.09685) with A (r x in) and
+B (out x r), so its effective weight is W + s B A, the same (out x in) shape as an ``nn.Linear`` weight: no
+transpose is needed except for ``fan_in_fan_out`` layers (GPT-2's Conv1D), which the rules that need the product
+refuse. Neutral: used by the parameter-sharing axis (:mod:`fedhf.sharing`) and the LoRA server rules
+(:mod:`fedhf.server.lora`), which do not import each other.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+
+LORA_A, LORA_B, HEAD, NORM = "lora_A", "lora_B", "head", "norm"
+ROLES = (LORA_A, LORA_B, HEAD, NORM)
+
+# A head: peft's trainable copies (modules_to_save) or the usual head names of transformers models.
+_HEAD_PARTS = {"modules_to_save", "classifier", "score", "lm_head", "head"}
+# A normalisation layer: LayerNorm / RMSNorm / BatchNorm by the names transformers gives them.
+_NORM_PART = re.compile(r".*norm.*|(ln|bn)(_?\d+|_f)?", re.IGNORECASE)
+
+
+def role_of(name: str) -> Optional[str]:
+    """The LoRA role of a parameter (or buffer) name, or None (any other tensor)."""
+    parts = name.split(".")
+    if any(p in ("lora_A", "lora_embedding_A") for p in parts):
+        return LORA_A
+    if any(p in ("lora_B", "lora_embedding_B") for p in parts):
+        return LORA_B
+    if any(p in _HEAD_PARTS for p in parts):
+        return HEAD
+    if any(_NORM_PART.fullmatch(p) for p in parts[:-1]):
+        return NORM
+    return None
+
+
+@dataclass(frozen=True)
+class LoraLayer:
+    """One adapted linear layer: parameter names of its frozen base weight, A and B, and its scale s."""
+
+    base: str
+    a: str
+    b: str
+    scale: float
+
+
+def lora_layers(model: torch.nn.Module, field: str = "server_rule") -> Dict[str, LoraLayer]:
+    """The model's adapted linear layers, keyed by the name of A (``...lora_A.<adapter>.weight``).
+
+    Refuses (naming ``field``) layer kinds whose effective weight is not W + s B A on an (out x in) weight:
+    DoRA (a magnitude vector rescales it), ``fan_in_fan_out`` (a transposed weight) and LoRA on embeddings."""
+    from peft.tuners.lora import LoraLayer as PeftLoraLayer
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    layers: Dict[str, LoraLayer] = {}
+    for module_name, module in model.named_modules():
+        if not isinstance(module, PeftLoraLayer):
+            continue
+        for adapter in module.lora_A:
+            problem = ("DoRA (use_dora=True)" if module.use_dora.get(adapter) else
+                       "fan_in_fan_out (a transposed base weight)" if getattr(module, "fan_in_fan_out", False) else
+                       None)
+            if problem:
+                raise ValueError(f"`{field}` needs LoRA layers whose effective weight is W + (alpha/r) B A; "
+                                 f"{module_name} uses {problem}. Use plain LoRA on linear layers.")
+            a, b = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+            layers[names[id(a)]] = LoraLayer(base=names[id(module.get_base_layer().weight)], a=names[id(a)],
+                                             b=names[id(b)], scale=float(module.scaling[adapter]))
+        if len(module.lora_embedding_A):
+            raise ValueError(f"`{field}` does not handle LoRA on embeddings ({module_name}); leave embeddings "
+                             "out of target_modules.")
+    return layers
+
+
+def seeded_lora_a(shape, seed: int, index: int) -> torch.Tensor:
+    """A LoRA A drawn as peft draws it (Kaiming uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))) from a
+    generator seeded by (seed, index): every client rebuilds the same A from the run's seed, nothing is sent."""
+    generator = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(index))
+    bound = 1.0 / math.sqrt(shape[1])
+    return (torch.rand(shape, generator=generator, dtype=torch.float32) * 2 - 1) * bound
+
+
+def lora_pairs(names) -> Dict[str, str]:
+    """A name -> B name for every ``...lora_A.<adapter>.weight`` among ``names`` whose B is there too."""
+    names = set(names)
+    pairs = {n: n.replace(".lora_A.", ".lora_B.") for n in names if ".lora_A." in n}
+    return {a: b for a, b in sorted(pairs.items()) if b in names}
+
+
+class BaseFold:
+    """The frozen base weights a server rule folds a residual into (FedEx-LoRA), for the trainer: their values
+    at the start (kept in the run's state and checkpoint), the fold W += s R, and loading them into the model."""
+
+    def __init__(self, model: torch.nn.Module, active: bool, load_best_at_end: bool = False) -> None:
+        if active and load_best_at_end:  # the best round's adapter without that round's base weights is no model
+            raise ValueError("`load_best_model_at_end=True` keeps the best round's trainable tensors only, but "
+                             "`server_rule` folds into the frozen base weights every round; set "
+                             "load_best_model_at_end=False (or use round checkpoints) with it.")
+        self.layers = lora_layers(model) if active else {}
+        live = dict(model.named_parameters())
+        self.targets = {layer.base: live[layer.base] for layer in self.layers.values()}
+
+    def initial(self) -> Dict[str, torch.Tensor]:
+        return {name: t.detach().to(torch.float32, copy=True) for name, t in self.targets.items()}
+
+    def fold(self, base: Dict[str, torch.Tensor], residuals: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """W + s R for every adapted layer (R keyed by A's name, as the aggregator computes it)."""
+        out = dict(base)
+        for a, layer in self.layers.items():
+            out[layer.base] = (base[layer.base].double() + layer.scale * residuals[a]).float()
+        return out
+
+    @torch.no_grad()
+    def load(self, base: Dict[str, torch.Tensor]) -> None:
+        for name, target in self.targets.items():
+            target.copy_(base[name])

@@ -1,0 +1,103 @@
+"""LoRA aggregation rules that aggregate the clients' products B_i A_i, not A and B apart.
+
+* ``fedex_lora``: FedEx-LoRA (Singhal, Ponkshe, Vepakomma, NAACL 2025, "Exact Aggregation for Federated and
+  Efficient Fine-Tuning of Foundation Models", arXiv:2410.09432), below.
+* ``flora``: FLoRA (Wang et al., NeurIPS 2024, "FLoRA: Federated Fine-Tuning Large Language Models with Heterogeneous
+  Low-Rank Adaptations", arXiv:2409.05976): the stacked adapters [B_1 ... B_n][p_1 A_1; ...; p_n A_n] =
+  sum_i p_i B_i A_i are merged into the base and every client starts the next round from a fresh adapter (B = 0, A
+  redrawn from the round). The stack's product is a sum, so it is sent as one.
+* ``flexlora``: FlexLoRA (Bai et al., NeurIPS 2024, "Federated Fine-tuning of Large Language Models under
+  Heterogeneous Tasks and Client Resources", arXiv:2402.11505): the server re-factorises M = sum_i p_i B_i A_i by SVD,
+  M = U S V^T, to the adapter's rank r: B = U_r S_r^(1/2), A = S_r^(1/2) V_r^T (the rows of V^T, not of V as
+  FedLLM-Factory's FedSVD takes). Exact when r >= rank M (e.g. full-rank adapters); otherwise the best rank-r
+  approximation, with nothing folded into the base. Clients share one rank here (heterogeneous ranks: not built).
+
+Averaging A and B separately is not averaging the clients' updates: mean_i B_i A_i != Bbar Abar. FedEx-LoRA keeps
+the averaged adapter and folds the difference into the frozen base weight of each adapted layer,
+
+    W' = W + s (sum_i p_i B_i A_i - B' A'),     s = lora_alpha / r  (peft's ``scaling``),
+
+so the global effective weight W' + s B' A' equals the weighted mean of the clients' effective weights
+W + s B_i A_i exactly (p_i = w_i / sum w). The residual is taken against the adapter the whole chain produced
+(B', A'; with the plain ``lr`` = 1 step these are Bbar, Abar), so the identity holds for any transform chain.
+Unlike FedLLM-Factory's version, the residual is scaled by s, and B A is (out x in) like the base weight, so
+nothing is transposed.
+
+What is sent, counted honestly: each client uploads w_i B_i A_i as a dense fp32 (out x in) matrix per adapted layer
+beside its dA, dB (that is a sum: one all-reduce, no gathering); the server broadcasts the dense residual with the
+next round's model (the trainer counts it in the downlink). The base weights a run has changed are kept in the
+run's state (``RunState.base_params``) and checkpointed, so resume is exact. The aggregator itself only sees named
+tensors; which base weight and scale belong to which A (:func:`fedhf.lora.lora_layers`) is the trainer's
+(:class:`fedhf.lora.BaseFold`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from ..context import ClientContext, ServerContext
+from ..lora import lora_pairs, seeded_lora_a
+from ..message import Message
+from ..params import TensorDict
+from .base import Aggregator
+
+
+class ProductAggregator(Aggregator):
+    """The client half these rules share: the clients' weighted products, as a sum."""
+
+    needs_lora_pairs = True
+
+    def client_end(self, ctx: ClientContext, optimizer) -> Message:
+        """w_i B_i A_i per adapted layer, keyed by the name of A (fp32 on the wire)."""
+        products = {a: ctx.params[b].detach().float() @ ctx.params[a].detach().float()
+                    for a, b in lora_pairs(ctx.global_params).items()}
+        return Message().put("BA", products, scale=ctx.weight).put_scalar("w", ctx.weight)
+
+    @staticmethod
+    def mean_product(ctx: ServerContext, a: str) -> torch.Tensor:
+        return ctx.sums.get(f"BA.{a}") / ctx.sums.scalar("w")
+
+
+class FedExLoRA(ProductAggregator):
+    """D = the weighted mean of the updates (A and B averaged as FedAvg does), plus the product residual."""
+
+    name = "fedex_lora"
+    folds_into_base = True
+
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        return dict(ctx.mean_delta)
+
+    def base_residual(self, new_params: TensorDict, ctx: ServerContext) -> Dict[str, torch.Tensor]:
+        """sum_i p_i B_i A_i - B' A' per A name (unscaled; the trainer's BaseFold applies s), in float64."""
+        return {a: self.mean_product(ctx, a) - new_params[b].double() @ new_params[a].double()
+                for a, b in lora_pairs(new_params).items()}
+
+
+class FLoRA(FedExLoRA):
+    """The whole mean product goes into the base; the adapter restarts (B = 0, A drawn from the round)."""
+
+    name = "flora"
+
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        direction, x = dict(ctx.mean_delta), ctx.global_params
+        for index, (a, b) in enumerate(lora_pairs(x).items()):
+            direction[a] = seeded_lora_a(x[a].shape, ctx.round + 1, index).to(x[a].dtype) - x[a]
+            direction[b] = -x[b]
+        return direction
+
+
+class FlexLoRA(ProductAggregator):
+    """A and B re-factorised from the SVD of the mean product, at the adapter's rank."""
+
+    name = "flexlora"
+
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        direction, x = dict(ctx.mean_delta), ctx.global_params
+        for a, b in lora_pairs(x).items():
+            U, S, Vh = torch.linalg.svd(self.mean_product(ctx, a), full_matrices=False)
+            r, root = x[a].shape[0], S[: x[a].shape[0]].sqrt()
+            direction[b] = (U[:, :r] * root).to(x[b].dtype) - x[b]
+            direction[a] = (root[:, None] * Vh[:r]).to(x[a].dtype) - x[a]
+        return direction

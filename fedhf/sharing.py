@@ -1,0 +1,166 @@
+"""Which trainable tensors are shared, personal or frozen: the fifth part of an algorithm (``parameter_sharing``).
+
+* shared: federated as before (sent as dx, averaged, corrected, their optimizer state synced).
+* personal: trained by each client and kept in the client state store under ``"personal"`` (so they spill to disk
+  and are checkpointed with it), loaded into the resident model when that client trains; they never enter the
+  round's sums: no dx, no Theta, no control variate, no uplink or downlink bytes.
+* frozen: ``requires_grad`` is switched off before any optimizer is built.
+
+The trainer federates only the shared tensors (its params dict *is* the shared part), so corrections, state sync,
+drift metrics and byte counts never see the others. Presets (``parameter_sharing``), by LoRA role
+(:func:`fedhf.lora.role_of`):
+
+=================  ==========================================================================================
+``all``            everything shared (the default; plain federated fine-tuning)
+``fedsa``          A shared, B personal: FedSA-LoRA (Guo et al., ICLR 2025, "Selective Aggregation for Low-Rank
+                   Adaptation in Federated Learning", arXiv:2410.01463). The client sends its *trained* A
+                   (FedLLM-Factory's version uploads the untrained A).
+``ffa``            A frozen at a seeded init shared by every client, B shared: FFA-LoRA (Sun et al., ICLR 2024,
+                   "Improving LoRA in Privacy-preserving Federated Learning", arXiv:2403.12313). A is redrawn from
+                   the run's ``seed`` (:func:`fedhf.lora.seeded_lora_a`), so no client ever sends or receives it.
+``personal_head``  the head (peft ``modules_to_save``, ``classifier``, ``score``, ``lm_head``) personal: FedPer
+                   (Arivazhagan et al. 2019, arXiv:1912.00818) / FedRep-style (Collins et al., ICML 2021).
+``personal_norm``  normalisation layers (weights and running statistics) personal: FedBN (Li et al., ICLR 2021,
+                   arXiv:2102.07623).
+=================  ==========================================================================================
+
+``parameter_sharing_kwargs`` = ``{"personal": [regex, ...], "frozen": [...], "shared": [...]}`` sets the role of
+every trainable tensor whose name matches (``re.search``), after the preset. After each round the resident model
+holds the global shared tensors and the *initial* personal ones (the same on every process), so ``evaluate()`` and
+``save_model()`` see the global model.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Tuple
+
+import torch
+
+from .lora import HEAD, LORA_A, LORA_B, NORM, lora_layers, role_of, seeded_lora_a
+from .params import TensorDict, federated_buffers, load_into, snapshot, trainable_parameters
+from .state.store import ClientStateStore
+from .theta import split_theta_key
+
+SHARED, PERSONAL, FROZEN = "shared", "personal", "frozen"
+PRESETS: Dict[str, Dict[str, str]] = {
+    "all": {},
+    "fedsa": {LORA_B: PERSONAL},
+    "ffa": {LORA_A: FROZEN},
+    "personal_head": {HEAD: PERSONAL},
+    "personal_norm": {NORM: PERSONAL},
+}
+STORE_NAME = "personal"  # the client store entry holding a client's personal tensors
+
+
+@dataclass(frozen=True)
+class ParameterSharing:
+    preset: str = "all"
+    patterns: Tuple[Tuple[str, str], ...] = ()  # (role, regex), applied in order after the preset
+
+    @classmethod
+    def from_config(cls, preset: str, kwargs: Mapping[str, object]) -> "ParameterSharing":
+        """Checks the names and patterns (no model needed), naming the field."""
+        if preset not in PRESETS:
+            raise ValueError(f"`parameter_sharing` must be one of {sorted(PRESETS)}, got {preset!r}.")
+        patterns = []
+        for role, regexes in kwargs.items():
+            if role not in (SHARED, PERSONAL, FROZEN):
+                raise ValueError(f"`parameter_sharing_kwargs` keys are 'shared', 'personal', 'frozen'; got {role!r}.")
+            for regex in [regexes] if isinstance(regexes, str) else list(regexes):
+                try:
+                    re.compile(regex)
+                except (re.error, TypeError) as err:
+                    raise ValueError(f"`parameter_sharing_kwargs[{role!r}]`: {regex!r} is not a regular "
+                                     f"expression ({err}).") from None
+                patterns.append((role, regex))
+        return cls(preset, tuple(patterns))
+
+    def roles(self, model: torch.nn.Module) -> Dict[str, str]:
+        """shared / personal / frozen for every trainable parameter; refuses a preset whose LoRA role the model
+        lacks, a pattern that matches nothing, and a split that leaves nothing shared."""
+        names = list(trainable_parameters(model))
+        roles = {n: PRESETS[self.preset].get(role_of(n), SHARED) for n in names}
+        for lora_role in PRESETS[self.preset]:
+            if not any(role_of(n) == lora_role for n in names):
+                hint = ("apply a peft LoRA adapter" if lora_role in (LORA_A, LORA_B) else
+                        f"make the {lora_role} trainable (peft: modules_to_save)")
+                raise ValueError(f"`parameter_sharing={self.preset!r}` acts on {lora_role} tensors, but no trainable "
+                                 f"parameter of the model is one: {hint}, or choose another `parameter_sharing`.")
+        for role, regex in self.patterns:
+            matched = [n for n in names if re.search(regex, n)]
+            if not matched:
+                raise ValueError(f"`parameter_sharing_kwargs[{role!r}]`: {regex!r} matches no trainable parameter "
+                                 f"(e.g. {names[:3]}).")
+            roles.update({n: role for n in matched})
+        if SHARED not in roles.values():
+            raise ValueError("`parameter_sharing` leaves no trainable tensor shared: there is nothing to federate.")
+        return roles
+
+    def personal_buffers(self, model: torch.nn.Module, roles: Mapping[str, str]) -> TensorDict:
+        """Floating-point buffers of personal layers (FedBN: BatchNorm running statistics stay with the client):
+        those of the preset's personal LoRA role, or of a module one of whose parameters is personal."""
+        personal_modules = {n.rsplit(".", 1)[0] for n, r in roles.items() if r == PERSONAL}
+        preset_personal = {k for k, v in PRESETS[self.preset].items() if v == PERSONAL}
+        return {n: b for n, b in federated_buffers(model).items()
+                if role_of(n) in preset_personal or n.rsplit(".", 1)[0] in personal_modules}
+
+
+class SharingPlan:
+    """The split of one model, made at the start of ``train()``: frozen tensors frozen (FFA's A redrawn from the
+    seed), the shared parameters and buffers the trainer federates, and the live personal tensors."""
+
+    def __init__(self, sharing: ParameterSharing, roles: Mapping[str, str], model: torch.nn.Module,
+                 seed: int) -> None:
+        live = dict(model.named_parameters())
+        frozen = sorted(n for n, r in roles.items() if r == FROZEN)
+        with torch.no_grad():
+            if sharing.preset == "ffa":  # every client draws the same A from the run's seed
+                for index, name in enumerate(n for n in frozen if role_of(n) == LORA_A):
+                    live[name].copy_(seeded_lora_a(live[name].shape, seed, index))
+            for name in frozen:
+                live[name].requires_grad_(False)
+        personal_buffers = sharing.personal_buffers(model, roles)
+        self.params = {n: live[n] for n, r in roles.items() if r == SHARED}
+        self.buffers = {n: b for n, b in federated_buffers(model).items() if n not in personal_buffers}
+        self.personal = {**{n: live[n] for n, r in roles.items() if r == PERSONAL}, **personal_buffers}
+        self.frozen = frozen
+
+    def trained(self, shared: Optional[Dict[str, torch.nn.Parameter]] = None) -> Dict[str, torch.nn.Parameter]:
+        """What the local optimizer steps: the client's shared parameters (default: the resident ones; a batched
+        client's own copy otherwise) and the personal parameters (buffers are not trained)."""
+        shared = self.params if shared is None else shared
+        return {**shared, **{n: t for n, t in self.personal.items() if isinstance(t, torch.nn.Parameter)}}
+
+    def load_personal(self, store: ClientStateStore, client_id: int, initial: TensorDict) -> None:
+        """The client's own personal tensors into the model, or the initial ones on its first round."""
+        load_into(self.personal, store.get(client_id, STORE_NAME) or initial)
+
+    def keep_personal(self, store: ClientStateStore, client_id: int) -> None:
+        if self.personal:
+            store.put(client_id, STORE_NAME, snapshot(self.personal))
+
+    def shared_theta(self, theta: TensorDict) -> TensorDict:
+        """Theta without the entries of personal parameters (their optimizer state is never synced)."""
+        return {k: v for k, v in theta.items() if split_theta_key(k)[1] not in self.personal}
+
+
+def sharing_roles(sharing: ParameterSharing, model: torch.nn.Module, algorithm) -> Dict[str, str]:
+    """The roles of the model's trainable tensors, with the combinations no algorithm part supports refused."""
+    roles = sharing.roles(model)
+    if PERSONAL in roles.values() and algorithm.server_rule.aggregator.needs_preconditioners:
+        raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` mixes every preconditioned layer on the "
+                         f"server, but `parameter_sharing` keeps some of them personal; use parameter_sharing='all' "
+                         "or another server_rule.")
+    lora = [n for n in roles if role_of(n) in (LORA_A, LORA_B)]
+    if algorithm.server_rule.aggregator.needs_lora_pairs:
+        lora_layers(model)  # refuses DoRA, fan_in_fan_out and LoRA on embeddings
+        if not lora:
+            raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` aggregates LoRA products, but the model "
+                             "has no trainable LoRA A/B: apply a peft LoRA adapter, or choose another server_rule.")
+        if any(roles[n] != SHARED for n in lora):
+            raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` needs every LoRA A and B shared, but "
+                             f"`parameter_sharing={sharing.preset!r}` keeps some personal or frozen; use "
+                             "parameter_sharing='all' (or a personal head/norm) with it.")
+    return roles

@@ -1,0 +1,119 @@
+"""FedEx-LoRA (fedhf/server/lora.py) on a real peft LoRA Llama with non-square adapted layers: after a round the
+global effective weight W + (alpha/r) B A is the mean of the clients' effective weights (with plain FedAvg it is
+not), what it sends is counted, resume is exact, and it composes with fedavg, fedpac_muon and fadam_gt."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, TaskType, get_peft_model
+from peft.tuners.lora import LoraLayer
+from transformers import TrainerCallback
+
+from fedhf import FederatedTrainer
+from fedhf.demo_data import tiny_llama
+from fedhf.lora import lora_layers
+from fedhf.data.sft import SFTCollator
+
+from ..helpers import config, tweet_sft
+
+CLIENTS = 3
+
+
+@pytest.fixture(scope="module")
+def sft(tokenizer):
+    return tweet_sft(tokenizer, n_train=48, n_test=8, max_length=24)
+
+
+def lora_llama(vocab_size, rank=4):
+    # up_proj is 128 x 64, down_proj 64 x 128: no adapted layer is square, so a transpose would not even run.
+    model = tiny_llama(vocab_size)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=["up_proj", "down_proj"],
+                      task_type=TaskType.CAUSAL_LM)
+    return get_peft_model(model, lora)
+
+
+def effective_weights(model):
+    """W + s B A per adapted layer, from peft itself (get_delta_weight applies its own scale)."""
+    return {name: (m.get_base_layer().weight + m.get_delta_weight("default")).detach().double().clone()
+            for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+class Recording(FederatedTrainer):
+    def _local_steps(self, ctx, optimizer):
+        loss = super()._local_steps(ctx, optimizer)
+        self.clients = getattr(self, "clients", []) + [(ctx.round, effective_weights(self.model))]
+        return loss
+
+
+class StopAfter(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= 1
+
+
+def run(tokenizer, sft, tmp_path, rounds=1, resume=None, callbacks=None, rank=4, **kw):
+    model = lora_llama(len(tokenizer), rank)
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, num_rounds=rounds, local_steps=3,
+                  per_device_train_batch_size=4, partition="iid", partition_report=False,
+                  **{"local_optimizer": "adamw", "learning_rate": 1e-2, **kw})
+    trainer = Recording(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer),
+                        callbacks=callbacks)
+    output = trainer.train(resume_from_checkpoint=resume)
+    return model, trainer, output
+
+
+def gap_to_client_mean(model, trainer):
+    clients = [w for r, w in trainer.clients if r == 0]
+    mean = {n: sum(c[n] for c in clients) / len(clients) for n in clients[0]}
+    glob = effective_weights(model)
+    return max((glob[n] - mean[n]).abs().max().item() for n in mean)
+
+
+# FlexLoRA is exact at full rank: r = 64 = min(out, in) of every adapted layer.
+@pytest.mark.parametrize("rule,rank", [("fedex_lora", 4), ("flora", 4), ("flexlora", 64)])
+def test_global_effective_weight_is_the_mean_of_the_clients(tokenizer, sft, tmp_path, rule, rank):
+    model, trainer, _ = run(tokenizer, sft, tmp_path / rule, rank=rank, server_rule=rule)
+    assert all(m.get_base_layer().weight.shape[0] != m.get_base_layer().weight.shape[1]
+               for m in model.modules() if isinstance(m, LoraLayer))
+    assert gap_to_client_mean(model, trainer) < 1e-5
+
+
+@pytest.mark.parametrize("rank", [4, 64])
+def test_naive_averaging_of_a_and_b_misses_the_mean(tokenizer, sft, tmp_path, rank):
+    naive, naive_trainer, _ = run(tokenizer, sft, tmp_path, rank=rank, server_rule="mean")
+    assert gap_to_client_mean(naive, naive_trainer) > 1e-4  # averaging A and B is not averaging B A
+
+
+def test_fedex_counts_the_product_upload_and_the_residual_download(tokenizer, sft, tmp_path):
+    model, _, output = run(tokenizer, sft, tmp_path, rounds=2, server_rule="fedex_lora")
+    layers, live = lora_layers(model).values(), dict(model.named_parameters())
+    adapter = sum(live[n].numel() * 4 for n, p in live.items() if p.requires_grad)
+    product = sum(live[layer.base].numel() * 4 for layer in layers)  # B A is (out x in), fp32
+    assert output.metrics["uplink_MB"] * 2**20 == 2 * CLIENTS * (adapter + product)
+    assert output.metrics["downlink_MB"] * 2**20 == 2 * CLIENTS * adapter + CLIENTS * product  # residual: round 2
+
+
+def test_fedex_resume_restores_the_folded_base_weights(tokenizer, sft, tmp_path):
+    whole, _, _ = run(tokenizer, sft, tmp_path / "whole", rounds=2, server_rule="fedex_lora")
+    kw = dict(rounds=2, server_rule="fedex_lora", save_every_rounds=1)
+    run(tokenizer, sft, tmp_path / "cut", callbacks=[StopAfter()], **kw)
+    resumed, _, _ = run(tokenizer, sft, tmp_path / "cut", resume=True, **kw)
+    reference = dict(whole.named_parameters())
+    changed = [layer.base for layer in lora_layers(whole).values()]
+    fresh = dict(lora_llama(len(tokenizer)).named_parameters())
+    assert all(not torch.equal(reference[n], fresh[n]) for n in changed)  # the base weights did change
+    assert all(torch.equal(p, reference[n]) for n, p in resumed.named_parameters())
+
+
+@pytest.mark.parametrize("algorithm", ["fedpac_muon", "fadam_gt"])
+@pytest.mark.parametrize("rule", ["fedex_lora", "flora", "flexlora"])
+def test_lora_rules_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm, rule):
+    model, trainer, output = run(tokenizer, sft, tmp_path, rounds=2, algorithm=algorithm, server_rule=rule,
+                                 local_optimizer=None, learning_rate=None)
+    assert output.metrics["rounds"] == 2 and torch.isfinite(torch.tensor(output.metrics["train_loss"]))
+    if rule == "flexlora":  # rank 4 < rank of the mean product: the best rank-4 approximation, not exact
+        return
+    clients = [w for r, w in trainer.clients if r == 1]
+    mean = {n: sum(c[n] for c in clients) / len(clients) for n in clients[0]}
+    glob = effective_weights(model)
+    assert max((glob[n] - mean[n]).abs().max().item() for n in mean) < 1e-5
