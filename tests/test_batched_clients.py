@@ -21,8 +21,11 @@ def sft(tokenizer):
     return tweet_sft(tokenizer, n_train=90, n_test=8, max_length=40)  # 90 rows over 6 clients: short last batches
 
 
-def _llm_run(tmp_path, tokenizer, sft, batched, **overrides):
+def _llm_run(tmp_path, tokenizer, sft, batched, forwards=None, **overrides):
     model = tiny_llama_lora(len(tokenizer))
+    if forwards is not None:  # count the passes over the frozen base, and the rows each carries
+        model.base_model.model.model.register_forward_hook(
+            lambda module, args, kwargs, output: forwards.append(len(kwargs["input_ids"])), with_kwargs=True)
     settings = dict(algorithm="fedavg", num_clients=6, clients_per_round=5, num_rounds=2, local_steps=3,
                     per_device_train_batch_size=4, partition="iid", learning_rate=0.05, batched_clients=batched,
                     partition_report=False)
@@ -58,6 +61,16 @@ def test_causal_lm_clients_together_equal_clients_one_by_one(tmp_path, tokenizer
     _assert_same_run(sequential, together)
     start = trainable_state(tiny_llama_lora(len(tokenizer)))
     assert any(not torch.allclose(start[n], sequential[0][n]) for n in start)  # the adapter did train
+
+
+def test_the_clients_really_share_each_forward(tmp_path, tokenizer, sft):
+    """2 rounds x 3 steps: one at a time, 5 clients make 30 passes of <= 4 rows; together, chunks of 3 and 2
+    make 12 passes carrying the same 5 clients' rows."""
+    one, together = [], []
+    _llm_run(tmp_path, tokenizer, sft, 1, forwards=one)
+    _llm_run(tmp_path, tokenizer, sft, 3, forwards=together)
+    assert len(one) == 30 and max(one) <= 4
+    assert len(together) == 12 and max(together) > 4 and sum(together) == sum(one)
 
 
 def test_micro_batches_with_different_token_counts_per_client(tmp_path, tokenizer, sft):
