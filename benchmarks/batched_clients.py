@@ -9,7 +9,8 @@ Also printed: the peak memory (GPU: ``torch.cuda.max_memory_allocated``; CPU: th
 grows, so read the GPU column for memory) and the largest difference of the final adapter from the one-at-a-time
 run (the two must agree to float rounding; tests/test_batched_clients.py asserts it).
 
-Last line: ``batched_clients_speedup C2=..x C4=..x ...`` (round time one-at-a-time / batched, from one run).
+Last line: ``batched_speedup c2=..x c4=..x ...`` (tokens/s batched over one at a time: the same tokens, so the round-time
+ratio; from one run).
 
     python benchmarks/batched_clients.py [--clients 8 --local_steps 4 --batch 4 --seq 128 --sizes 1,2,4,8]
 """
@@ -120,7 +121,7 @@ def main() -> None:
     print(f"device={name} threads={torch.get_num_threads()} python={platform.python_version()} "
           f"clients={opts.clients} local_steps={opts.local_steps} batch={opts.batch} seq={opts.seq} "
           f"hidden={opts.hidden} layers={opts.layers} best of {opts.rounds} rounds")
-    print("batched_clients_speedup " + " ".join(f"C{s}={results[1]['seconds'] / results[s]['seconds']:.2f}x"
+    print("batched_speedup " + " ".join(f"c{s}={results[1]['seconds'] / results[s]['seconds']:.2f}x"
                                                 for s in sizes[1:]))
 
 
