@@ -18,7 +18,7 @@ fresh subprocess, so its peak memory (``ru_maxrss``: the process's peak resident
 tensors use; tracemalloc does not see them) is its own. On a GPU the same script reports
 ``torch.cuda.max_memory_allocated`` and names the GPU.
 
-Last line (time ratios federated / plain, from one run): ``llm_overhead fp32=1.01x gc=1.02x nf4=1.00x``.
+Last line (time ratios federated / plain, from one run): ``llm_overhead fp32=0.99x gc=1.03x nf4=1.03x`` (idle 2-core CPU).
 
     python benchmarks/llm.py [--clients 2 --local_steps 8 --batch 4 --seq 128 --repeats 3]
 """

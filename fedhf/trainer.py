@@ -21,12 +21,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 import datasets
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 from transformers import Trainer
 from transformers.integrations.neftune import activate_neftune, deactivate_neftune
@@ -36,6 +35,7 @@ from transformers.utils import logging
 
 from .aggregation import RoundSums, destroy_process_group_at_exit
 from .checkpointing import enable_activation_checkpointing
+from .client_data import ClientData
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import given_split, save_partition_report, split_dataset
@@ -46,7 +46,7 @@ from .determinism import fix_thread_count
 from .guards import ExclusionGuard
 from .metrics import drift, plot_history, spectral_drift
 from .message import Message
-from .model_outputs import logits_of, loss_items
+from .model_outputs import loss_items
 from .optim import ModelAccess, OptimizerHooks
 from .params import difference, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
@@ -63,7 +63,7 @@ from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, shoul
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
+class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -119,16 +119,6 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
             spill_dir = os.path.join(spill_dir, f"process-{self.world.rank}")
         self.client_store = ClientStateStore(budget, spill_dir)
         self.federated_history: List[dict] = []
-
-    def _check_partitions(self, parts) -> List[np.ndarray]:
-        parts = [np.asarray(p, dtype=np.int64) for p in parts]
-        if len(parts) != self.args.num_clients:
-            raise ValueError(f"`client_partitions` has {len(parts)} clients but `num_clients`={self.args.num_clients}.")
-        rows = len(self.train_dataset)
-        for i, p in enumerate(parts):
-            if len(p) == 0 or p.min() < 0 or p.max() >= rows:
-                raise ValueError(f"`client_partitions[{i}]` must be a non-empty list of row indices in [0, {rows}).")
-        return parts
 
     # Trainer relies on accelerate's model wrapping for autocast; the resident model is never wrapped here
     # (wrapping in DDP would all-reduce every local backward), so autocast is entered explicitly.
@@ -389,43 +379,3 @@ class FederatedTrainer(RunOutputs, BatchedRound, Trainer):
         if bound is not None and squared.sqrt() > bound:
             return f"update norm {squared.sqrt():.3g} > max_update_norm {bound}"
         return None
-
-    def _client_weight(self, cid: int) -> float:
-        return float(len(self.client_partitions[cid])) if self.args.client_weighting == "num_samples" else 1.0
-
-    def _client_data_pipeline(self):
-        data, collator = self.train_dataset, self.data_collator
-        if isinstance(data, datasets.Dataset):
-            data = self._remove_unused_columns(data, description="training")
-        else:
-            collator = self._get_collator_with_removed_columns(collator, description="training")
-        return data, collator
-
-    def _client_batches(self, cid: int, round_index: int, stream: int = 2, cycle: bool = True) -> Iterator[dict]:
-        """The client's data, reshuffled per pass from its own stream and cycled for as many steps as asked."""
-        generator = torch.Generator().manual_seed(stream_seed(self.args.seed, round_index, cid, stream))
-        rows, batch_size = self.client_partitions[cid].tolist(), self.args.per_device_train_batch_size
-        # dataloader_drop_last (e.g. for BatchNorm models, which cannot train on a 1-row batch) only where the
-        # client still has a full batch.
-        loader = DataLoader(Subset(self._train_data, rows), batch_size=batch_size, shuffle=True, generator=generator,
-                            collate_fn=self._collator, num_workers=self.args.dataloader_num_workers,
-                            drop_last=self.args.dataloader_drop_last and len(rows) >= batch_size)
-        yield from loader
-        while cycle:
-            yield from loader
-
-    def _model_access(self, ctx: ClientContext) -> ModelAccess:
-        """What curvature-aware optimizers (Sophia, FOOF) may use: the model, the training loss and logits of a
-        batch (under the trainer's autocast), and one fresh pass over the client's data (its own stream)."""
-
-        def loss(batch):
-            with self.compute_loss_context_manager():
-                return self.compute_loss(self.model, self._prepare_inputs(batch))
-
-        def logits(batch):
-            inputs = {k: v for k, v in self._prepare_inputs(batch).items() if k not in ("labels", "label")}
-            with self.autocast_smart_context_manager():
-                return logits_of(self.model(**inputs))
-
-        return ModelAccess(self.model, loss, logits,
-                           lambda: self._client_batches(ctx.client_id, ctx.round, stream=3, cycle=False))
