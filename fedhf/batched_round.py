@@ -85,8 +85,7 @@ class BatchedRound:
                     random_states[c] = _random_state()
                 losses += self._shared_backward(micro, routing)
                 for ctx, optimizer in zip(contexts, optimizers):
-                    self._optimizer_step(ctx, optimizer)
-                self.model.zero_grad(set_to_none=True)
+                    self._optimizer_step(ctx, optimizer)  # ends with the client's zero_grad: the only grads there are
             for ctx, optimizer, loss in zip(contexts, optimizers, losses):
                 optimizer.end_round()
                 self._finish_client(ctx, optimizer, loss, {}, sums)

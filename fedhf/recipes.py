@@ -144,9 +144,9 @@ def load_recipe(path: str) -> Recipe:
     if (recipe.model.name_or_path is None) == (recipe.model.config is None):
         raise ValueError(f"{path}: give exactly one of `model.name_or_path` (pretrained) and `model.config` "
                          "(a model built from a config).")
-    for source in (recipe.model.name_or_path, recipe.model.tokenizer):
+    for field_name, source in (("name_or_path", recipe.model.name_or_path), ("tokenizer", recipe.model.tokenizer)):
         if source is not None:
-            _check_model_source(source)
+            _check_model_source(source, f"model.{field_name}")
     if recipe.model.task != "causal-lm" and (recipe.model.tokenizer or recipe.model.quantization
                                              or recipe.data.generation_rows):
         raise ValueError(f"{path}: `model.tokenizer`, `model.quantization` and `data.generation_rows` are for "
@@ -157,22 +157,22 @@ def load_recipe(path: str) -> Recipe:
     return recipe
 
 
-def _check_model_source(name: str) -> None:
+def _check_model_source(name: str, field_name: str) -> None:
     if name.startswith("bundled-"):
         if name not in BUNDLED_MODELS:
-            raise ValueError(f"Unknown bundled model {name!r} in `model.name_or_path`; bundled: "
+            raise ValueError(f"Unknown bundled model {name!r} in `{field_name}`; bundled: "
                              f"{sorted(BUNDLED_MODELS)}.")
         return
     if os.path.isdir(name):
         return
     if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
-        raise FileNotFoundError(f"`model.name_or_path` {name!r} is neither a local directory nor a Hub id.")
+        raise FileNotFoundError(f"`{field_name}` {name!r} is neither a local directory nor a Hub id.")
     flag = _offline("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     if flag:
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(name, "config.json"), str):
-            raise ValueError(f"`model.name_or_path` {name!r} is a Hub id that is not in the local cache, and "
+            raise ValueError(f"`{field_name}` {name!r} is a Hub id that is not in the local cache, and "
                              f"{flag}=1 forbids downloading it: unset {flag}, or give a local directory or a "
                              f"bundled model ({sorted(BUNDLED_MODELS)}).")
 

@@ -125,13 +125,15 @@ class SharingPlan:
         self.params = {n: live[n] for n, r in roles.items() if r == SHARED}
         self.buffers = {n: b for n, b in federated_buffers(model).items() if n not in personal_buffers}
         self.personal = {**{n: live[n] for n, r in roles.items() if r == PERSONAL}, **personal_buffers}
+        self._personal_params = {n: t for n, t in self.personal.items() if isinstance(t, torch.nn.Parameter)}
         self.frozen = frozen
 
     def trained(self, shared: Optional[Dict[str, torch.nn.Parameter]] = None) -> Dict[str, torch.nn.Parameter]:
         """What the local optimizer steps: the client's shared parameters (default: the resident ones; a batched
         client's own copy otherwise) and the personal parameters (buffers are not trained)."""
         shared = self.params if shared is None else shared
-        return {**shared, **{n: t for n, t in self.personal.items() if isinstance(t, torch.nn.Parameter)}}
+        # Called on every local step (clipping): no new dict in the common case of nothing personal.
+        return {**shared, **self._personal_params} if self._personal_params else shared
 
     def load_personal(self, store: ClientStateStore, client_id: int, initial: TensorDict) -> None:
         """The client's own personal tensors into the model, or the initial ones on its first round."""

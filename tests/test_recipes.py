@@ -65,6 +65,8 @@ def _tweets():
     (lambda r: r["data"].update(generation_rows=5), r"`data.generation_rows` are for `model.task: causal-lm`"),
     (lambda r: r["model"].update(task="causal-lm", name_or_path=None, config={"model_type": "llama"}),
      r"built from `model.config` needs `model.tokenizer`"),
+    (lambda r: r["model"].update(task="causal-lm", tokenizer="bundled-bert"),
+     r"bundled model 'bundled-bert' in `model.tokenizer`"),
     (lambda r: r["model"].update(name_or_path="bundled-bert"), r"bundled model 'bundled-bert'.*bundled-minilm"),
     (lambda r: r["data"].update(dataset="bundled-imdb"), r"bundled dataset 'bundled-imdb'.*bundled-tweets"),
     (lambda r: r["data"].update(dataset="./no/such.csv"), r"`data.dataset` './no/such.csv' does not exist"),
