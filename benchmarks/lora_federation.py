@@ -1,0 +1,103 @@
+"""LoRA aggregation rules compared: accuracy and eval loss per round and per communicated MB, over seeds.
+
+Every method is one setting on the same named algorithm (fedavg, SGD at ``BASE_LR``), so the rows differ only in
+how the clients' adapters are combined and what is sent (README, "LoRA federation"):
+
+* ``fedavg``: A and B averaged apart (the naive rule: the mean of B_i times the mean of A_i);
+* ``server_rule=fedex_lora`` (FedEx-LoRA, arXiv:2410.09432): the mean product, exact, residual folded into the base;
+* ``server_rule=flora`` (FLoRA, arXiv:2409.05976): the mean product merged into the base, adapters restarted;
+* ``server_rule=flexlora`` (FlexLoRA, arXiv:2402.11505): the mean product re-factorised by SVD at rank r;
+* ``parameter_sharing=ffa`` (FFA-LoRA, arXiv:2403.12313): A frozen at a shared draw, only B trained and sent.
+
+Tasks (benchmarks/comparison_tasks.py): ``tweets`` (pretrained MiniLM-L6 + LoRA r8 on query/value, 3-class
+sentiment, Dirichlet 0.1 over 20 clients, 5 per round) and ``llm-lora`` (a small Llama built from a config, LoRA
+r8 on every projection, SFT on the tweets as instructions, the same split). The runs are stored and resumed like
+benchmarks/algorithms.py's (same ``--runs_dir`` layout, so the two share runs); the learning rate is set by hand
+(``BASE_LR``), not tuned per rule.
+
+Outputs (``--budget full``): ``lora_federation_result.md`` (the tables, also printed), ``lora_federation.json``
+and ``lora_federation_<task>.png`` beside this script; other budgets write them to
+``outputs/benchmarks/lora_federation_<budget>/``.
+
+    python benchmarks/lora_federation.py [--budget quick|full] [--tasks tweets,llm-lora] [--seeds 0,1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import datasets  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from algorithms import Runner, run_settings  # noqa: E402
+from comparison_report import plot, summarize, table  # noqa: E402
+from comparison_tasks import BUDGETS, HERE, TARGETS  # noqa: E402
+
+from fedhf.metrics import write_json_atomic  # noqa: E402
+
+# SGD's lr per task: tweets' is the README quickstart's (FedAvg-SGD lr 1.0 on this model and data); the Llama's
+# LoRA-only adapters on a random base moved slowly at 1.0 on the quick budget.
+BASE_LR = {"tweets": 1.0, "llm-lora": 3.0}
+METHODS = {"fedavg": "", "fedex_lora": "@server_rule=fedex_lora", "flora": "@server_rule=flora",
+           "flexlora": "@server_rule=flexlora", "ffa": "@parameter_sharing=ffa"}
+
+
+def label(task: str, method: str) -> str:
+    return f"fedavg@learning_rate={BASE_LR[task]}{METHODS[method]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
+    parser.add_argument("--tasks", default="tweets,llm-lora")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"Some of {list(METHODS)}.")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--runs_dir", default=None, help="Per-run JSONs; default outputs/benchmarks/algorithms/BUDGET.")
+    parser.add_argument("--results_dir", default=None,
+                        help="Where the table, JSON and plots go; default benchmarks/ for full, else outputs/.")
+    cli = parser.parse_args()
+    torch.set_num_threads(1)  # as benchmarks/algorithms.py: one thread was faster on the shared 2-core machine
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    runs_dir = cli.runs_dir or os.path.join("outputs", "benchmarks", "algorithms", cli.budget)
+    out_dir = cli.results_dir or (HERE if cli.budget == "full" else
+                                  os.path.join("outputs", "benchmarks", f"lora_federation_{cli.budget}"))
+    run, methods = Runner(runs_dir), [m for m in cli.methods.split(",") if m]
+    text, summaries_all = [f"Budget `{cli.budget}`, torch {torch.__version__}, transformers {transformers.__version__},"
+                           " 1 torch thread, one run at a time, 2-core CPU.", ""], {}
+    for task in [t for t in cli.tasks.split(",") if t]:
+        by_method = {}
+        for method in methods:
+            records = [run(run_settings(task, label(task, method), int(seed), cli.budget))
+                       for seed in cli.seeds.split(",") if seed]
+            by_method[method] = [r for r in records if r is not None]
+        by_method = {m: rs for m, rs in by_method.items() if rs}
+        if not by_method:
+            continue
+        runs = [r for rs in by_method.values() for r in rs]
+        summaries_all[task] = {m: summarize(rs, TARGETS[task]) for m, rs in by_method.items()}
+        text += [f"### {task}: fedavg (SGD, lr {BASE_LR[task]}) with each LoRA rule", "",
+                 table(task, summaries_all[task], runs)]
+        os.makedirs(out_dir, exist_ok=True)
+        plot(task, by_method, runs[0]["majority_accuracy"], os.path.join(out_dir, f"lora_federation_{task}.png"),
+             f"{task}, LoRA rules")
+    markdown = "\n".join(text)
+    print(markdown)
+    if summaries_all:
+        write_json_atomic({"budget": cli.budget, "labels": {t: {m: label(t, m) for m in methods} for t in summaries_all},
+                           "summaries": summaries_all}, os.path.join(out_dir, "lora_federation.json"))
+        with open(os.path.join(out_dir, "lora_federation_result.md"), "w") as f:
+            f.write(markdown)
+    run.exit_on_failures()
+
+
+if __name__ == "__main__":
+    main()
