@@ -279,7 +279,9 @@ def report(records: list, tuning: dict, budget: str, out_dir: str, threads: int)
         by_label = {}
         for r in runs:
             by_label.setdefault(r["settings"]["algorithm"], []).append(r)
-        chosen = {name: t for name, t in tuning.get(dataset, {}).items() if t["chosen"] in by_label}
+        tuned = tuning.get(dataset, {})
+        chosen = {name: tuned[name] for name in [a for a in ALGORITHMS if a in tuned] + sorted(set(tuned) - set(ALGORITHMS))
+                  if tuned[name]["chosen"] in by_label}
         sections = {"defaults": {label: rs for label, rs in by_label.items()
                                  if label in ALGORITHMS or label in VARIANTS.get(dataset, [])},
                     "tuned": {name: by_label[t["chosen"]] for name, t in chosen.items()}}
@@ -328,14 +330,17 @@ def main() -> None:
     runs_dir = cli.runs_dir or os.path.join("outputs", "benchmarks", "algorithms", cli.budget)
     results_dir = cli.results_dir or (HERE if cli.budget == "full" else
                                       os.path.join("outputs", "benchmarks", f"algorithms_{cli.budget}"))
+    chosen = [d for d in cli.datasets.split(",") if d]
+    if set(chosen) - set(TASKS):
+        parser.error(f"--datasets: unknown {sorted(set(chosen) - set(TASKS))}; known: {TASKS} ('' reports only)")
     run = Runner(runs_dir)
-    for dataset in [d for d in cli.datasets.split(",") if d]:
+    for dataset in chosen:
         labels = ALGORITHMS + VARIANTS.get(dataset, []) if cli.algorithms is None else cli.algorithms.split(",")
         labels = [label for label in labels if label and parse_variant(label)[0] not in SKIP.get(dataset, ())]
-        if cli.tune:
-            labels = [tune(dataset, label, cli.budget, runs_dir, run)["chosen"] for label in labels
-                      if "@" not in label]
-        for label in labels:
+        if cli.tune:  # hand-set variants are not tuned
+            labels = [label for label in labels if "@" not in label]
+        for label in labels:  # one algorithm at a time (tuned, then its seeds): a cut-short run leaves whole rows
+            label = tune(dataset, label, cli.budget, runs_dir, run)["chosen"] if cli.tune else label
             for seed in seeds:
                 run(run_settings(dataset, label, seed, cli.budget))
     print(report(stored_records(runs_dir, cli.budget), stored_tuning(runs_dir), cli.budget, results_dir,
