@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from fedhf.optim.base import ModelAccess
-from fedhf.optim.sophia import Sophia, gnb_estimate, hutchinson_estimate, labelled_rows, sophia_update
+from fedhf.optim.sophia import (Sophia, gnb_estimate, hutchinson_estimate, labelled_rows, sophia_update,
+                                 sophia_update_foreach)
 
 
 def _access(model, forward=None):
@@ -215,3 +216,27 @@ def test_refresh_runs_at_steps_0_k_2k_and_leaves_grad_untouched(estimator):
     optimizer.before_forward(9, batch)
     assert refreshed == [0, 3, 6, 9]
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), preset))
+
+
+def test_foreach_update_is_the_per_tensor_update_bit_for_bit():
+    """sophia_update_foreach (one kernel per op for all tensors; issue 14, 6c) = sophia_update tensor by tensor, and
+    Sophia steps float32 parameters with it and a bfloat16 one with the per-tensor path."""
+    torch.manual_seed(0)
+    shapes = [(4, 24), (24, 4), (7,), (3, 5, 2)]
+    settings = dict(lr=3e-2, beta1=0.9, rho=0.04, weight_decay=0.1, batch_size=8.0)
+    params = [torch.randn(s) for s in shapes]
+    grads, exp_avgs = [torch.randn(s) for s in shapes], [torch.randn(s) * 0.1 for s in shapes]
+    hessians = [torch.rand(s) * 1e-2 for s in shapes]
+    hessians[0][0, :3] = 0.0  # h = 0: the clip at 1 must act
+    copies = [[t.clone() for t in ts] for ts in (params, exp_avgs)]
+    for p, g, m, h in zip(*copies[:1], grads, copies[1], hessians):
+        sophia_update(p, g, m, h, **settings)
+    sophia_update_foreach(params, grads, exp_avgs, hessians, **settings)
+    for mine, theirs in zip(params + exp_avgs, copies[0] + copies[1]):
+        assert torch.equal(mine, theirs)
+    half = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
+    optimizer = Sophia([("w", half)], lr=1e-2)
+    half.grad = torch.randn(4, 4, dtype=torch.bfloat16)
+    before = half.detach().clone()
+    optimizer.step()
+    assert half.dtype == torch.bfloat16 and not torch.equal(half.detach(), before)
