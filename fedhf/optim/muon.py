@@ -29,8 +29,8 @@ Forms (``momentum_form``, ``ortho``): the default ``"ema"`` + ``"ns5"`` is Kelle
 
 ``newton_schulz`` (the default form only): ``"torch"`` (default) steps ``torch.optim.Muon``; ``"batched"`` steps
 :class:`fedhf.optim.muon_batched.BatchedMuon` -- the same math, Newton-Schulz batched over matrices of one shape and,
-on CPU, its bfloat16 products run as float32 matmuls (~20x faster on CPUs without bfloat16 units; a few bfloat16
-ulps from torch's numbers; benchmarks/optimizer_cost.py measures both).
+on a CPU without bfloat16 matmul units (AVX2), its bfloat16 products run as float32 matmuls (~20x faster there; a
+few bfloat16 ulps from torch's numbers; benchmarks/optimizer_cost.py measures both).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ unchanged.
   products are float32 matmuls of the bfloat16 values (exact products, float32 sums). On a CPU without bfloat16
   matmul units (AVX2: 1.3 GFLOP/s bfloat16 against 36 GFLOP/s float32 in this repository's measurement) this is
   ~20x faster; the result differs from torch's by a few bfloat16 ulps -- the size of torch's own bfloat16 error
-  against the float32 iteration. ``None`` (default): ``"float32_accumulate"`` on CPU, ``"bfloat16"`` elsewhere.
+  against the float32 iteration. ``None`` (default): :func:`default_matmul` (float32 products only on CPUs
+  without bfloat16 matmul hardware).
 tests/optim/test_muon_batched.py checks both against torch.optim.Muon.
 """
 
@@ -63,6 +64,15 @@ def batched_newton_schulz(updates: List[torch.Tensor], ns_steps: int = 5, eps: f
         gram_update = gram_update.bfloat16().float() if wide else gram_update
         x = torch.baddbmm(xm, gram_update, xm, beta=a).bfloat16()
     return [m.T if t else m for m, t in zip(x.unbind(0), tall)]
+
+
+def default_matmul(device: torch.device) -> str:
+    """``"bfloat16"`` where bfloat16 matmuls have hardware (GPUs; CPUs with AVX512-BF16 or AMX), else
+    ``"float32_accumulate"`` (e.g. AVX2 CPUs, where torch's bfloat16 matmul is ~28x slower than float32)."""
+    if device.type != "cpu":
+        return "bfloat16"
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bfloat16" if native else "float32_accumulate"
 
 
 def oriented_shape(shape: torch.Size) -> Tuple[int, int]:
@@ -125,8 +135,7 @@ class BatchedMuon(torch.optim.Optimizer):
                 by_shape[(*oriented_shape(u.shape), u.dtype, u.device)].append(i)
             orthos: List[torch.Tensor] = [None] * len(params)  # type: ignore[list-item]
             for indices in by_shape.values():
-                matmul = group["matmul"] or ("float32_accumulate" if updates[indices[0]].device.type == "cpu"
-                                             else "bfloat16")
+                matmul = group["matmul"] or default_matmul(updates[indices[0]].device)
                 stack = [updates[i] for i in indices]
                 for i, o in zip(indices, batched_newton_schulz(stack, group["ns_steps"], group["eps"], matmul)):
                     orthos[i] = o

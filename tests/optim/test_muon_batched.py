@@ -41,7 +41,7 @@ def test_native_bfloat16_batches_are_torch_muon(shapes):
 
 @pytest.mark.parametrize("shapes", [LORA, FULL])
 def test_float32_accumulation_stays_within_bfloat16_rounding_of_torch(shapes):
-    """matmul="float32_accumulate" (the CPU default): each parameter is within 2 % of one step's size (lr = 0.02 per
+    """matmul="float32_accumulate" (the default on CPUs without bfloat16 units): each parameter is within 2 % of one step's size (lr = 0.02 per
     unit entry; bfloat16 keeps 8 bits) of torch's after 3 steps; the momenta, which never see bfloat16, are equal."""
     ours, ref, opt, reference = _trajectories(shapes, matmul="float32_accumulate")
     assert opt.param_groups[0]["matmul"] == "float32_accumulate"
@@ -78,3 +78,11 @@ def test_muon_adamw_batched_option_and_refusals():
         MuonAdamW([("w", weight)], ortho="svd", newton_schulz="batched")
     with pytest.raises(ValueError, match="matmul"):
         BatchedMuon([weight], matmul="float16")
+
+
+def test_default_matmul_follows_the_hardware():
+    from fedhf.optim.muon_batched import default_matmul
+
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert default_matmul(torch.device("cpu")) == ("bfloat16" if native else "float32_accumulate")
+    assert default_matmul(torch.device("cuda")) == "bfloat16"
