@@ -40,6 +40,7 @@ from ..theta import NONNEGATIVE
 from .base import FederatedOptimizer, NamedParams
 
 HESSIAN_ESTIMATORS = ("gnb", "hutchinson", "empirical_fisher")
+LABEL_SAMPLERS = ("multinomial", "inverse_cdf")  # how GNB draws y_hat: see sample_labels
 IGNORE_INDEX = -100  # HF's padding label
 Grads = List[Optional[torch.Tensor]]
 
@@ -108,10 +109,19 @@ def count_label_rows(labels: torch.Tensor, shift: bool) -> int:
     return int((labels != IGNORE_INDEX).sum()) if not labels.is_floating_point() else labels.shape[0]
 
 
-def sample_labels(logits: torch.Tensor) -> torch.Tensor:
-    """y_hat ~ softmax(logits) for each row of (rows, C) logits (torch's global RNG)."""
+def sample_labels(logits: torch.Tensor, sampler: str = "multinomial") -> torch.Tensor:
+    """y_hat ~ softmax(logits) for each row of (rows, C) logits (torch's global RNG).
+
+    ``"multinomial"``: ``torch.multinomial`` (one exponential draw per logit: on CPU at 4,096 tokens x 10,240
+    classes it costs more than a training step). ``"inverse_cdf"``: one uniform u per row scaled to the row's total,
+    y = the first class whose cumulative probability reaches u -- the same distribution (P(y = i) = p_i) from C times
+    fewer random numbers, but other draws for a given seed."""
     probs = torch.softmax(logits.detach().to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    return torch.multinomial(probs, 1).squeeze(-1)
+    if sampler == "multinomial":
+        return torch.multinomial(probs, 1).squeeze(-1)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 def clip_by_global_norm(grads: Grads, max_norm: Optional[float]) -> Grads:
@@ -184,6 +194,7 @@ class Sophia(FederatedOptimizer):
     ``shift_labels``: pair logits position t with label t + 1 (HF causal LMs); None detects a transformers causal
     LM class (``*ForCausalLM``, ``GPT2LMHeadModel``, ...) anywhere in the model, PEFT wrappers included.
     ``momentum_in_theta``: Theta is {h, m} instead of h alone, so a state-sync rule keeps or averages m too.
+    ``label_sampler``: how GNB draws its labels (:func:`sample_labels`); ``"inverse_cdf"`` is the cheap one.
     """
 
     theta_keys = ("hessian",)
@@ -193,14 +204,17 @@ class Sophia(FederatedOptimizer):
     def __init__(self, params: NamedParams, lr: float = 1e-4, betas: Tuple[float, float] = (0.965, 0.99),
                  rho: float = 0.04, weight_decay: float = 0.1, hessian_estimator: str = "gnb",
                  hess_interval: int = 10, eps: float = 1e-15, hessian_grad_clip: Optional[float] = None,
-                 shift_labels: Optional[bool] = None, momentum_in_theta: bool = False) -> None:
+                 shift_labels: Optional[bool] = None, momentum_in_theta: bool = False,
+                 label_sampler: str = "multinomial") -> None:
         if hessian_estimator not in HESSIAN_ESTIMATORS:
             raise ValueError(f"`hessian_estimator` must be one of {HESSIAN_ESTIMATORS}, got {hessian_estimator!r}.")
+        if label_sampler not in LABEL_SAMPLERS:
+            raise ValueError(f"`label_sampler` must be one of {LABEL_SAMPLERS}, got {label_sampler!r}.")
         if hess_interval < 1:
             raise ValueError(f"`hess_interval` must be >= 1, got {hess_interval}.")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0) or lr < 0 or rho <= 0 or weight_decay < 0:
             raise ValueError(f"Sophia: invalid lr={lr}, betas={betas}, rho={rho} or weight_decay={weight_decay}.")
-        self.hessian_estimator = hessian_estimator
+        self.hessian_estimator, self.label_sampler = hessian_estimator, label_sampler
         self.hess_interval = hess_interval
         self.momentum_in_theta = bool(momentum_in_theta)  # fixed per optimizer: it decides what Theta is
         self.theta_keys = ("hessian", "exp_avg") if self.momentum_in_theta else ("hessian",)
@@ -230,7 +244,7 @@ class Sophia(FederatedOptimizer):
                 logits = labelled_rows(access.logits(batch), labels, self.shift_labels)
                 if logits.shape[0] == 0:
                     return  # nothing labelled in this batch: keep h and bs
-                estimates = gnb_estimate(logits, sample_labels(logits), params, self.hessian_grad_clip)
+                estimates = gnb_estimate(logits, sample_labels(logits, self.label_sampler), params, self.hessian_grad_clip)
                 batch_size = logits.shape[0]
             elif self.hessian_estimator == "empirical_fisher":
                 estimates = empirical_fisher_estimate(access.loss(batch), params, self.hessian_grad_clip)

@@ -240,3 +240,34 @@ def test_foreach_update_is_the_per_tensor_update_bit_for_bit():
     before = half.detach().clone()
     optimizer.step()
     assert half.dtype == torch.bfloat16 and not torch.equal(half.detach(), before)
+
+
+def test_inverse_cdf_labels_are_the_softmax_quantiles_and_follow_its_distribution():
+    """sample_labels(..., "inverse_cdf") (issue 14, 6c): y is the first class whose cumulative probability reaches
+    the row's uniform draw, so over 20,000 rows each class turns up with its softmax probability (4 sigma)."""
+    from fedhf.optim.sophia import sample_labels
+
+    logits = torch.tensor([[2.0, 0.0, -1.0, 1.0, -30.0]]).repeat(20000, 1)
+    torch.manual_seed(3)
+    u = torch.rand(20000, 1)
+    torch.manual_seed(3)
+    labels = sample_labels(logits, "inverse_cdf")
+    cdf = torch.softmax(logits, -1).cumsum(-1)
+    below = torch.cat([torch.zeros(20000, 1), cdf], 1).gather(1, labels[:, None]).squeeze(1)
+    above = cdf.gather(1, labels[:, None]).squeeze(1)
+    scaled = u.squeeze(1) * cdf[:, -1]
+    assert bool(((below < scaled) & (scaled <= above)).all())
+    p = torch.softmax(logits[0], -1)
+    freq = torch.bincount(labels, minlength=5).double() / 20000
+    assert bool(((freq - p.double()).abs() <= 4 * (p * (1 - p) / 20000).sqrt().double() + 1e-12).all())
+    assert freq[4] == 0  # p = 9e-15: never drawn
+
+
+def test_sophia_label_sampler_option():
+    model = torch.nn.Linear(3, 4)
+    optimizer = Sophia(list(model.named_parameters()), label_sampler="inverse_cdf")
+    optimizer.attach(_access(model))
+    optimizer.refresh_hessian({"x": torch.randn(6, 3), "labels": torch.randint(0, 4, (6,))})
+    assert all(float(optimizer.state[p]["hessian"].abs().sum()) > 0 for p in model.parameters())
+    with pytest.raises(ValueError, match="label_sampler"):
+        Sophia(list(model.named_parameters()), label_sampler="gumbel")
