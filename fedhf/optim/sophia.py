@@ -244,7 +244,8 @@ class Sophia(FederatedOptimizer):
                 logits = labelled_rows(access.logits(batch), labels, self.shift_labels)
                 if logits.shape[0] == 0:
                     return  # nothing labelled in this batch: keep h and bs
-                estimates = gnb_estimate(logits, sample_labels(logits, self.label_sampler), params, self.hessian_grad_clip)
+                labels_hat = sample_labels(logits, self.label_sampler)
+                estimates = gnb_estimate(logits, labels_hat, params, self.hessian_grad_clip)
                 batch_size = logits.shape[0]
             elif self.hessian_estimator == "empirical_fisher":
                 estimates = empirical_fisher_estimate(access.loss(batch), params, self.hessian_grad_clip)
@@ -276,8 +277,8 @@ class Sophia(FederatedOptimizer):
                 if "hessian" not in state:
                     state["hessian"] = torch.zeros_like(p, dtype=torch.float32)
                 state["step"] = state.get("step", 0) + 1
-            settings = dict(lr=group["lr"], beta1=group["betas"][0], rho=group["rho"],
-                            weight_decay=group["weight_decay"], batch_size=group["hessian_batch_size"], eps=group["eps"])
+            settings = dict(lr=group["lr"], beta1=group["betas"][0], rho=group["rho"], eps=group["eps"],
+                            weight_decay=group["weight_decay"], batch_size=group["hessian_batch_size"])
             if params and all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in params):
                 sophia_update_foreach(params, [p.grad for p in params], [self.state[p]["exp_avg"] for p in params],
                                       [self.state[p]["hessian"] for p in params], **settings)

@@ -41,8 +41,9 @@ def test_native_bfloat16_batches_are_torch_muon(shapes):
 
 @pytest.mark.parametrize("shapes", [LORA, FULL])
 def test_float32_accumulation_stays_within_bfloat16_rounding_of_torch(shapes):
-    """matmul="float32_accumulate" (the default on CPUs without bfloat16 units): each parameter is within 2 % of one step's size (lr = 0.02 per
-    unit entry; bfloat16 keeps 8 bits) of torch's after 3 steps; the momenta, which never see bfloat16, are equal."""
+    """matmul="float32_accumulate" (the default on CPUs without bfloat16 units): each parameter is within 2 % of
+    one step's size (lr = 0.02 per unit entry; bfloat16 keeps 8 bits) of torch's after 3 steps; the momenta, which
+    never see bfloat16, are equal."""
     ours, ref, opt, reference = _trajectories(shapes, matmul="float32_accumulate")
     assert opt.param_groups[0]["matmul"] == "float32_accumulate"
     for p, q in zip(ours, ref):
