@@ -49,9 +49,9 @@ Grads = List[Optional[torch.Tensor]]
 def sophia_direction(exp_avg: torch.Tensor, hessian: torch.Tensor, rho: float, batch_size: float,
                      eps: float = 1e-15) -> torch.Tensor:
     """P_Theta: sign(m) min(|m| / (rho bs h + eps), 1) -- a Newton-like step m/(bs h), clipped per coordinate."""
-    # Written with in-place ops on fresh temporaries (two buffers instead of six): the same values, bit for bit.
-    ratio = exp_avg.abs().div_(torch.mul(hessian, rho * batch_size).add_(eps)).clamp_(max=1.0)
-    return exp_avg.sign().mul_(ratio)
+    # clamp(m / d, -1, 1) with d = rho bs h + eps > 0 is sign(m) min(|m| / d, 1) bit for bit (IEEE division is
+    # symmetric in the sign of m), in three elementwise passes instead of five (issue 14, 6c).
+    return exp_avg.div(torch.mul(hessian, rho * batch_size).add_(eps)).clamp_(-1.0, 1.0)
 
 
 def sophia_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, hessian: torch.Tensor, *,
@@ -74,11 +74,9 @@ def sophia_update_foreach(params: List[torch.Tensor], grads: List[torch.Tensor],
     torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
     denominators = torch._foreach_mul(hessians, rho * batch_size)
     torch._foreach_add_(denominators, eps)
-    ratios = torch._foreach_abs(exp_avgs)
-    torch._foreach_div_(ratios, denominators)
-    torch._foreach_clamp_max_(ratios, 1.0)
-    directions = torch._foreach_sign(exp_avgs)
-    torch._foreach_mul_(directions, ratios)
+    directions = torch._foreach_div(exp_avgs, denominators)
+    torch._foreach_clamp_min_(directions, -1.0)
+    torch._foreach_clamp_max_(directions, 1.0)
     torch._foreach_add_(params, directions, alpha=-lr)
 
 

@@ -271,3 +271,20 @@ def test_sophia_label_sampler_option():
     assert all(float(optimizer.state[p]["hessian"].abs().sum()) > 0 for p in model.parameters())
     with pytest.raises(ValueError, match="label_sampler"):
         Sophia(list(model.named_parameters()), label_sampler="gumbel")
+
+
+def test_direction_is_the_signed_clip_bit_for_bit():
+    """sophia_direction's clamp(m / d, -1, 1) = sign(m) min(|m| / d, 1) exactly (d = rho bs h + eps), with zeros,
+    clipped and unclipped coordinates and h = 0."""
+    from fedhf.optim.sophia import sophia_direction
+
+    torch.manual_seed(0)
+    m = torch.randn(500) * 1e-3
+    m[:5] = 0.0
+    h = torch.rand(500) * 1e-2
+    h[5:20] = 0.0
+    d = h * (0.04 * 8.0) + 1e-15
+    expected = m.sign() * torch.minimum(m.abs() / d, torch.ones(()))
+    got = sophia_direction(m, h, 0.04, 8.0)
+    assert torch.equal(got, expected)
+    assert bool((got.abs() == 1).any()) and bool(((got.abs() < 1) & (got != 0)).any())
