@@ -32,7 +32,11 @@ demo-llm: $(STAMP)
 test: $(STAMP)
 	$(RUN_ENV) $(PY) -m pytest -q -x tests
 
+# optimizer_cost.py compares against pytorch-optimizer's SOAP/SophiaH: its requirements (torch, numpy) are
+# already installed, and --no-deps keeps pip from touching torch (so no CUDA build can come in).
+BENCH_DEPS ?= pytorch-optimizer==3.11.0
 benchmarks: $(STAMP)
+	$(PY) -m pip install --no-deps $(BENCH_DEPS)
 	$(RUN_ENV) $(PY) benchmarks/overhead.py | grep -v "^{" | tee benchmarks/overhead_result.txt
 	$(RUN_ENV) $(PY) benchmarks/memory.py | tee benchmarks/memory_result.txt
 	$(RUN_ENV) $(PY) benchmarks/optimizer_cost.py | tee benchmarks/optimizer_cost_result.txt

@@ -26,6 +26,11 @@ Forms (``momentum_form``, ``ortho``): the default ``"ema"`` + ``"ns5"`` is Kelle
 ``torch.optim.Muon``; ``momentum_form="sum"`` (B <- mu B + G) and/or ``ortho="svd"`` (the exact U V^T) run
 :class:`fedhf.optim.muon_exact.ExactMuon` instead -- with ``nesterov=False`` that is FedMuon's Algorithm 1
 (ALGORITHMS.md 1.3, 2.8, 5.4).
+
+``newton_schulz`` (the default form only): ``"torch"`` (default) steps ``torch.optim.Muon``; ``"batched"`` steps
+:class:`fedhf.optim.muon_batched.BatchedMuon` -- the same math, Newton-Schulz batched over matrices of one shape and,
+on a CPU without bfloat16 matmul units (AVX2), its bfloat16 products run as float32 matmuls (~20x faster there; a
+few bfloat16 ulps from torch's numbers; benchmarks/optimizer_cost.py measures both).
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ from typing import Dict, Iterable, List, Mapping, Tuple, Union
 import torch
 
 from .base import FederatedOptimizer, TensorDict, split_theta_key, theta_key
+from .muon_batched import BatchedMuon
 from .muon_exact import MOMENTUM_FORMS, ORTHOGONALISATIONS, ExactMuon
 
 ROUTINGS = ("ndim>=2", "hidden_only")
+NEWTON_SCHULZ = {"torch": torch.optim.Muon, "batched": BatchedMuon}
 #: Name fragments of embeddings and output heads, which "hidden_only" keeps off Muon.
 _NOT_HIDDEN = ("embed", "classifier", "lm_head", "score", "pooler", "head")
 
@@ -67,16 +74,19 @@ class MuonAdamW(FederatedOptimizer):
                  muon_lr_mult: float = 100.0, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.01, betas: Tuple[float, float] = (0.9, 0.95), eps: float = 1e-10,
                  ns_steps: int = 5, adjust_lr_fn: Union[str, None] = None, routing: str = "ndim>=2",
-                 momentum_form: str = "ema", ortho: str = "ns5") -> None:
+                 momentum_form: str = "ema", ortho: str = "ns5", newton_schulz: str = "torch") -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"`routing` must be one of {ROUTINGS}, got {routing!r}.")
         if momentum_form not in MOMENTUM_FORMS or ortho not in ORTHOGONALISATIONS:
             raise ValueError(f"`momentum_form` must be one of {MOMENTUM_FORMS} and `ortho` one of "
                              f"{ORTHOGONALISATIONS}, got {momentum_form!r}, {ortho!r}.")
+        if newton_schulz not in NEWTON_SCHULZ:
+            raise ValueError(f"`newton_schulz` must be one of {tuple(NEWTON_SCHULZ)}, got {newton_schulz!r}.")
         exact = (momentum_form, ortho) != ("ema", "ns5")
-        if exact and (ns_steps != 5 or adjust_lr_fn not in (None, "original")):
+        if exact and (ns_steps != 5 or adjust_lr_fn not in (None, "original") or newton_schulz != "torch"):
             raise ValueError("`momentum_form='sum'` / `ortho='svd'` run fedhf's ExactMuon, which has 5 Newton-Schulz "
-                             "steps and the 'original' lr scaling only: leave `ns_steps` and `adjust_lr_fn` unset.")
+                             "steps and the 'original' lr scaling only: leave `ns_steps`, `adjust_lr_fn` and "
+                             "`newton_schulz` unset.")
         named = [(item if isinstance(item, tuple) else (f"param{i}", item)) for i, item in enumerate(params)]
         # Muon's tensor -> the parameter it is (a 2-D parameter itself, or the matrix view of a conv filter).
         self.muon_params: Dict[torch.Tensor, torch.Tensor] = {
@@ -90,9 +100,9 @@ class MuonAdamW(FederatedOptimizer):
             self.muon = ExactMuon(list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum, nesterov=nesterov,
                                   weight_decay=weight_decay, momentum_form=momentum_form, ortho=ortho)
         else:
-            self.muon = torch.optim.Muon(list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum,
-                                         nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
-                                         adjust_lr_fn=adjust_lr_fn)
+            self.muon = NEWTON_SCHULZ[newton_schulz](list(self.muon_params), lr=lr * muon_lr_mult, momentum=momentum,
+                                                     nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps,
+                                                     adjust_lr_fn=adjust_lr_fn)
         self.adamw = torch.optim.AdamW(others, lr=lr, betas=tuple(betas), eps=eps,
                                        weight_decay=weight_decay) if others else None
         super().__init__(named, {"lr": lr})

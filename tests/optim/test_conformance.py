@@ -23,6 +23,7 @@ CASES = {
     "adamw": ({"lr": 1e-2}, {"exp_avg_sq"}),
     "muon": ({"lr": 1e-2}, {"momentum_buffer"}),  # the two weight matrices only
     "muon[sum svd]": ({"lr": 1e-2, "momentum_form": "sum", "ortho": "svd", "nesterov": False}, {"momentum_buffer"}),
+    "muon[batched]": ({"lr": 1e-2, "newton_schulz": "batched"}, {"momentum_buffer"}),
     "soap": ({"lr": 3e-2}, {"GG0", "GG1"}),  # L and R of the matrices; biases have no factor
     "soap[before power_qr]": ({"lr": 3e-2, "factor_update": "before", "eigenbasis_refresh": "power_qr"},
                               {"GG0", "GG1"}),

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from fedhf.optim.base import ModelAccess
-from fedhf.optim.sophia import Sophia, gnb_estimate, hutchinson_estimate, labelled_rows, sophia_update
+from fedhf.optim.sophia import (Sophia, gnb_estimate, hutchinson_estimate, labelled_rows, sophia_update,
+                                 sophia_update_foreach)
 
 
 def _access(model, forward=None):
@@ -215,3 +216,75 @@ def test_refresh_runs_at_steps_0_k_2k_and_leaves_grad_untouched(estimator):
     optimizer.before_forward(9, batch)
     assert refreshed == [0, 3, 6, 9]
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), preset))
+
+
+def test_foreach_update_is_the_per_tensor_update_bit_for_bit():
+    """sophia_update_foreach (one kernel per op for all tensors; issue 14, 6c) = sophia_update tensor by tensor, and
+    Sophia steps float32 parameters with it and a bfloat16 one with the per-tensor path."""
+    torch.manual_seed(0)
+    shapes = [(4, 24), (24, 4), (7,), (3, 5, 2)]
+    settings = dict(lr=3e-2, beta1=0.9, rho=0.04, weight_decay=0.1, batch_size=8.0)
+    params = [torch.randn(s) for s in shapes]
+    grads, exp_avgs = [torch.randn(s) for s in shapes], [torch.randn(s) * 0.1 for s in shapes]
+    hessians = [torch.rand(s) * 1e-2 for s in shapes]
+    hessians[0][0, :3] = 0.0  # h = 0: the clip at 1 must act
+    copies = [[t.clone() for t in ts] for ts in (params, exp_avgs)]
+    for p, g, m, h in zip(*copies[:1], grads, copies[1], hessians):
+        sophia_update(p, g, m, h, **settings)
+    sophia_update_foreach(params, grads, exp_avgs, hessians, **settings)
+    for mine, theirs in zip(params + exp_avgs, copies[0] + copies[1]):
+        assert torch.equal(mine, theirs)
+    half = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.bfloat16))
+    optimizer = Sophia([("w", half)], lr=1e-2)
+    half.grad = torch.randn(4, 4, dtype=torch.bfloat16)
+    before = half.detach().clone()
+    optimizer.step()
+    assert half.dtype == torch.bfloat16 and not torch.equal(half.detach(), before)
+
+
+def test_inverse_cdf_labels_are_the_softmax_quantiles_and_follow_its_distribution():
+    """sample_labels(..., "inverse_cdf") (issue 14, 6c): y is the first class whose cumulative probability reaches
+    the row's uniform draw, so over 20,000 rows each class turns up with its softmax probability (4 sigma)."""
+    from fedhf.optim.sophia import sample_labels
+
+    logits = torch.tensor([[2.0, 0.0, -1.0, 1.0, -30.0]]).repeat(20000, 1)
+    torch.manual_seed(3)
+    u = torch.rand(20000, 1)
+    torch.manual_seed(3)
+    labels = sample_labels(logits, "inverse_cdf")
+    cdf = torch.softmax(logits, -1).cumsum(-1)
+    below = torch.cat([torch.zeros(20000, 1), cdf], 1).gather(1, labels[:, None]).squeeze(1)
+    above = cdf.gather(1, labels[:, None]).squeeze(1)
+    scaled = u.squeeze(1) * cdf[:, -1]
+    assert bool(((below < scaled) & (scaled <= above)).all())
+    p = torch.softmax(logits[0], -1)
+    freq = torch.bincount(labels, minlength=5).double() / 20000
+    assert bool(((freq - p.double()).abs() <= 4 * (p * (1 - p) / 20000).sqrt().double() + 1e-12).all())
+    assert freq[4] == 0  # p = 9e-15: never drawn
+
+
+def test_sophia_label_sampler_option():
+    model = torch.nn.Linear(3, 4)
+    optimizer = Sophia(list(model.named_parameters()), label_sampler="inverse_cdf")
+    optimizer.attach(_access(model))
+    optimizer.refresh_hessian({"x": torch.randn(6, 3), "labels": torch.randint(0, 4, (6,))})
+    assert all(float(optimizer.state[p]["hessian"].abs().sum()) > 0 for p in model.parameters())
+    with pytest.raises(ValueError, match="label_sampler"):
+        Sophia(list(model.named_parameters()), label_sampler="gumbel")
+
+
+def test_direction_is_the_signed_clip_bit_for_bit():
+    """sophia_direction's clamp(m / d, -1, 1) = sign(m) min(|m| / d, 1) exactly (d = rho bs h + eps), with zeros,
+    clipped and unclipped coordinates and h = 0."""
+    from fedhf.optim.sophia import sophia_direction
+
+    torch.manual_seed(0)
+    m = torch.randn(500) * 1e-3
+    m[:5] = 0.0
+    h = torch.rand(500) * 1e-2
+    h[5:20] = 0.0
+    d = h * (0.04 * 8.0) + 1e-15
+    expected = m.sign() * torch.minimum(m.abs() / d, torch.ones(()))
+    got = sophia_direction(m, h, 0.04, 8.0)
+    assert torch.equal(got, expected)
+    assert bool((got.abs() == 1).any()) and bool(((got.abs() < 1) & (got != 0)).any())

@@ -1,0 +1,89 @@
+"""BatchedMuon (issue 14, 6c) against torch.optim.Muon: the same math, Newton-Schulz batched per oriented shape."""
+
+import pytest
+import torch
+
+from fedhf.optim import MuonAdamW
+from fedhf.optim.muon_batched import BatchedMuon, batched_newton_schulz
+from torch.optim._muon import _zeropower_via_newtonschulz
+
+COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+# A LoRA model's factors (A: r x d, B: d x r, the tall B iterated as its transpose) and a full layer's weights.
+LORA = [(4, 24), (24, 4), (4, 24), (24, 4), (4, 48), (48, 4)]
+FULL = [(24, 24), (24, 24), (48, 24), (24, 48), (3, 24)]
+
+
+def _trajectories(shapes, steps=3, **batched):
+    torch.manual_seed(0)
+    start = [torch.randn(*s) * 0.1 for s in shapes]
+    ours = [torch.nn.Parameter(w.clone()) for w in start]
+    ref = [torch.nn.Parameter(w.clone()) for w in start]
+    opt = BatchedMuon(ours, lr=0.02, weight_decay=0.01, **batched)
+    reference = torch.optim.Muon(ref, lr=0.02, weight_decay=0.01)
+    for _ in range(steps):
+        for p, q in zip(ours, ref):
+            p.grad = torch.randn(p.shape)
+            q.grad = p.grad.clone()
+        opt.step()
+        reference.step()
+    return ours, ref, opt, reference
+
+
+@pytest.mark.parametrize("shapes", [LORA, FULL])
+def test_native_bfloat16_batches_are_torch_muon(shapes):
+    """matmul="bfloat16": the same bfloat16 operations as torch, one batched call per shape: at these sizes bit for
+    bit, parameters and momentum buffers."""
+    ours, ref, opt, reference = _trajectories(shapes, matmul="bfloat16")
+    for p, q in zip(ours, ref):
+        assert torch.equal(p, q)
+        assert torch.equal(opt.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"])
+
+
+@pytest.mark.parametrize("shapes", [LORA, FULL])
+def test_float32_accumulation_stays_within_bfloat16_rounding_of_torch(shapes):
+    """matmul="float32_accumulate" (the default on CPUs without bfloat16 units): each parameter is within 2 % of
+    one step's size (lr = 0.02 per unit entry; bfloat16 keeps 8 bits) of torch's after 3 steps; the momenta, which
+    never see bfloat16, are equal."""
+    ours, ref, opt, reference = _trajectories(shapes, matmul="float32_accumulate")
+    assert opt.param_groups[0]["matmul"] == "float32_accumulate"
+    for p, q in zip(ours, ref):
+        assert (p - q).abs().max() <= 0.02 * 0.02 * max(1.0, (p.shape[0] / p.shape[1]) ** 0.5)
+        assert torch.equal(opt.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"])
+
+
+def test_float32_accumulation_is_as_close_to_torch_as_torch_is_to_float32():
+    """The variant's distance from torch's NS5 is no larger than torch's own bfloat16 error against the float32
+    iteration (so it keeps the math up to bfloat16 rounding), on a 64 x 96 and a tall 96 x 8 matrix."""
+    torch.manual_seed(1)
+    a, b, c = COEFFICIENTS
+    for shape in [(64, 96), (96, 8)]:
+        u = torch.randn(*shape)
+        torch_ns = _zeropower_via_newtonschulz(u, COEFFICIENTS, 5, 1e-7).float()
+        ours = batched_newton_schulz([u], matmul="float32_accumulate")[0].float()
+        x = (u.T if shape[0] > shape[1] else u) / u.norm()
+        for _ in range(5):
+            gram = x @ x.T
+            x = a * x + (b * gram + c * gram @ gram) @ x
+        exact = x.T if shape[0] > shape[1] else x
+        assert ours.shape == shape
+        assert (ours - torch_ns).norm() <= 1.5 * (torch_ns - exact).norm()
+
+
+def test_muon_adamw_batched_option_and_refusals():
+    weight, bias = torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.zeros(6))
+    assert isinstance(MuonAdamW([("w", weight), ("b", bias)], newton_schulz="batched").muon, BatchedMuon)
+    assert isinstance(MuonAdamW([("w", weight), ("b", bias)]).muon, torch.optim.Muon)  # the default stays torch's
+    with pytest.raises(ValueError, match="newton_schulz"):
+        MuonAdamW([("w", weight)], newton_schulz="gram")
+    with pytest.raises(ValueError, match="newton_schulz"):
+        MuonAdamW([("w", weight)], ortho="svd", newton_schulz="batched")
+    with pytest.raises(ValueError, match="matmul"):
+        BatchedMuon([weight], matmul="float16")
+
+
+def test_default_matmul_follows_the_hardware():
+    from fedhf.optim.muon_batched import default_matmul
+
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert default_matmul(torch.device("cpu")) == ("bfloat16" if native else "float32_accumulate")
+    assert default_matmul(torch.device("cuda")) == "bfloat16"
