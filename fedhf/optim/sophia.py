@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..theta import NONNEGATIVE
 from .base import FederatedOptimizer, NamedParams
+from .state_size import copies
 
 HESSIAN_ESTIMATORS = ("gnb", "hutchinson", "empirical_fisher")
 IGNORE_INDEX = -100  # HF's padding label
@@ -232,6 +233,10 @@ class Sophia(FederatedOptimizer):
             group["hessian_batch_size"] = batch_size
 
     # ------------------------------------------------------------ step
+    @classmethod
+    def state_bytes(cls, params, **kwargs) -> int:
+        return copies(params, 2, lambda p: torch.float32)  # m and h in fp32 (the step counter is a Python int)
+
     def update(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
