@@ -49,6 +49,7 @@ from .message import Message
 from .model_outputs import loss_items
 from .optim import ModelAccess, OptimizerHooks
 from .params import difference, load_into, num_bytes, snapshot, trainable_parameters
+from .memory_plan import check_budget, plan_memory
 from .processes import process_world
 from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
@@ -148,6 +149,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
             self.federated_history = []
         else:
             run = self._restore(checkpoint)
+        self.memory_plan = plan_memory(self, run)  # fedhf/memory_plan.py: printed once, refused over the budget
+        if self.is_world_process_zero():
+            print(self.memory_plan)
+        check_budget(self.memory_plan, args)
         if args.partition_report and self.is_world_process_zero():
             save_partition_report({**self.partition_summary, "algorithm": self.algorithm.describe()}, args.output_dir)
         load_into(params, run.global_params)
