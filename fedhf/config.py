@@ -86,6 +86,11 @@ class FederatedConfig(TrainingArguments):
         metadata={"help": "Train this many of a round's clients at once: their adapters stacked on the one resident "
                           "base, one forward/backward over their concatenated batches, each client its own "
                           "gradient, optimizer and correction (fedhf/batched_clients.py). 1 = one at a time."})
+    client_parallel: bool = field(
+        default=False,
+        metadata={"help": "With several processes: all of them train each sampled client together, its batches split "
+                          "across processes and the gradients all-reduced per step (fedhf/client_parallel.py), "
+                          "instead of spreading the clients over the processes."})
     memory_budget_gb: Optional[float] = field(
         default=None,
         metadata={"help": "Refuse to start (before any training or file write) when the memory plan printed at the "

@@ -14,6 +14,9 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   optimizer state) and its personal tensors (fp32), x ``num_clients``; capped by ``client_state_budget_mb``
   (fedhf/state/store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
+* loss transient -- a causal LM's backward through its loss briefly holds 2 more logits-sized tensors (the
+  gradient of the logits and of their shifted copy): 2 x T x V x the activation size, x C. Measured on CPU as the
+  resident-set high-water mark of one training step beyond the activations row: 1.5-1.8 x T x V.
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -58,6 +61,7 @@ class MemoryPlan:
     stored_clients: int
     client_store_cap_bytes: Optional[int] = None
     activation_bytes_per_client: Optional[int] = None
+    transient_bytes_per_client: int = 0
     notes: list = field(default_factory=list)
 
     @property
@@ -81,11 +85,15 @@ class MemoryPlan:
     def activation_bytes(self) -> int:
         return (self.activation_bytes_per_client or 0) * self.clients_at_once
 
+    @property
+    def transient_bytes(self) -> int:
+        return self.transient_bytes_per_client * self.clients_at_once
+
     def rows(self) -> Dict[str, int]:
         return {"model": sum(self.model_bytes.values()), "adapter copies": self.adapter_copy_bytes,
                 "gradients": self.gradient_bytes, "optimizer state": self.optimizer_bytes,
                 "run state": self.run_state_bytes, "client store": self.client_store_bytes,
-                "activations": self.activation_bytes}
+                "activations": self.activation_bytes, "loss transient": self.transient_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -104,6 +112,7 @@ class MemoryPlan:
             + (f", capped at {_mb(self.client_store_cap_bytes)}" if self.client_store_cap_bytes is not None else ""),
             "activations": "not estimated" if self.activation_bytes_per_client is None
             else f"{_mb(self.activation_bytes_per_client)} x {self.clients_at_once}",
+            "loss transient": f"{_mb(self.transient_bytes_per_client)} x {self.clients_at_once}",
         }
         lines = ["fedhf memory plan"] + [f"  {name:<16}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
         lines.append(f"  {'total':<16}{_mb(self.total_bytes):>12}")
@@ -199,33 +208,37 @@ def plan_memory(trainer, run) -> MemoryPlan:
         notes.append("a kept Theta is counted at the optimizer's whole state (an upper bound)")
     personal = sum(t.numel() * 4 for t in trainer.plan.personal.values())  # kept as fp32 snapshots
     per_client = algo.correction.client_state_bytes(run.global_params) + kept_theta + personal
-    activations = _activation_bytes(trainer, notes)
+    activations, transient = _activation_bytes(trainer, notes)
     return MemoryPlan(
         model_bytes=model_bytes(model), trainable_bytes=num_bytes(trained), clients_at_once=args.batched_clients,
         optimizer_bytes_per_client=optimizer,
         run_state_bytes=sum(num_bytes(group) for group in run.tensor_groups().values()),
         client_store_bytes_per_client=per_client,
-        stored_clients=-(-args.num_clients // trainer.world.size) if per_client else 0,
+        stored_clients=-(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
+        if per_client else 0,
         client_store_cap_bytes=None if args.client_state_budget_mb is None
         else int(args.client_state_budget_mb * 2**20),
-        activation_bytes_per_client=activations, notes=notes)
+        activation_bytes_per_client=activations, transient_bytes_per_client=transient, notes=notes)
 
 
-def _activation_bytes(trainer, notes: list) -> Optional[int]:
+def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
+    """(activations, loss transient) of one client's micro-batch."""
     args, model, data = trainer.args, trainer.model, trainer._train_data
     lengths = _longest_row(data)
     if lengths is None:
         notes.append("activations not estimated: the training data has no `input_ids` column to read lengths from")
-        return None
+        return None, 0
     output = model.get_output_embeddings()
     logits = model.config.vocab_size if output is not None else 0
     elements = activation_elements_per_token(model.config, args.activation_checkpointing, logits)
     if elements is None:
         notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
-        return None
+        return None, 0
     floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
     size = 2 if (args.bf16 or args.fp16) else torch.empty((), dtype=floating[0]).element_size()
-    return elements * size * lengths * args.per_device_train_batch_size
+    shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
+    tokens = lengths * -(-args.per_device_train_batch_size // shards)
+    return elements * size * tokens, 2 * logits * size * tokens
 
 
 def _longest_row(data) -> Optional[int]:
