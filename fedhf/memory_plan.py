@@ -14,9 +14,11 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   optimizer state) and its personal tensors (fp32), x ``num_clients``; capped by ``client_state_budget_mb``
   (fedhf/state/store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
-* loss transient -- a causal LM's backward through its loss briefly holds 2 more logits-sized tensors (the
-  gradient of the logits and of their shifted copy): 2 x T x V x the activation size, x C. Measured on CPU as the
-  resident-set high-water mark of one training step beyond the activations row: 1.5-1.8 x T x V.
+* loss transient -- around a causal LM's loss the step briefly holds more logits-sized tensors than autograd saves
+  (the logits the output keeps, the gradients of the log-softmax and of the logits, a copy in the loss):
+  4 x T x V x the activation size, x C. Calibrated on the peak resident set of benchmarks/memory_plan.py (fresh
+  process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client beyond the other rows is 4.0-4.1 of
+  them for C = 1 to 16. A warm loop that reuses freed memory peaks lower (1.5-1.8 of them): the row is conservative.
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
@@ -238,7 +240,7 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     size = 2 if (args.bf16 or args.fp16) else torch.empty((), dtype=floating[0]).element_size()
     shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
     tokens = lengths * -(-args.per_device_train_batch_size // shards)
-    return elements * size * tokens, 2 * logits * size * tokens
+    return elements * size * tokens, 4 * logits * size * tokens
 
 
 def _longest_row(data) -> Optional[int]:

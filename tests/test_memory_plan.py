@@ -54,7 +54,7 @@ def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, token
     llama = trainer.model.config
     expected = activation_elements_per_token(llama, False, llama.vocab_size) * 4 * 4 * longest
     assert plan.activation_bytes == expected * batched
-    assert plan.transient_bytes == 2 * llama.vocab_size * 4 * 4 * longest * batched
+    assert plan.transient_bytes == 4 * llama.vocab_size * 4 * 4 * longest * batched
     assert plan.total_bytes == sum(plan.rows().values())
 
 
