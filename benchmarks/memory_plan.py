@@ -67,7 +67,8 @@ def child(batched: int, opts) -> dict:
     plan = trainer.memory_plan
     return {"C": batched, "measured_MB": (peak - before) / 2**20, "device": device,
             "planned_MB": (plan.total_bytes - sum(plan.model_bytes.values())) / 2**20,
-            "model_MB": sum(plan.model_bytes.values()) / 2**20, "rows_MB": {k: v / 2**20 for k, v in plan.rows().items()}}
+            "model_MB": sum(plan.model_bytes.values()) / 2**20,
+            "rows_MB": {k: v / 2**20 for k, v in plan.rows().items()}}
 
 
 def main() -> None:

@@ -94,7 +94,8 @@ class FederatedConfig(TrainingArguments):
     memory_budget_gb: Optional[float] = field(
         default=None,
         metadata={"help": "Refuse to start (before any training or file write) when the memory plan printed at the "
-                          "start of train() exceeds this many GiB per process (fedhf/memory_plan.py). None = no check."})
+                          "start of train() exceeds this many GiB per process (fedhf/memory_plan.py). "
+                          "None = no check."})
     # --- the split ---
     partition: str = field(default="dirichlet", metadata={"help": f"How rows go to clients: {PARTITIONERS}."})
     partition_column: str = field(

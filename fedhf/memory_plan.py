@@ -42,7 +42,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+import datasets
+import pyarrow.compute as pc
 import torch
+from peft import PeftModel
+from transformers import PreTrainedModel
 
 from .params import num_bytes
 
@@ -230,8 +234,11 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     if lengths is None:
         notes.append("activations not estimated: the training data has no `input_ids` column to read lengths from")
         return None, 0
-    output = model.get_output_embeddings()
-    logits = model.config.vocab_size if output is not None else 0
+    model = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not isinstance(model, PreTrainedModel):
+        notes.append(f"activations not estimated: {type(model).__name__} is not a transformers model (no config)")
+        return None, 0
+    logits = model.config.vocab_size if model.get_output_embeddings() is not None else 0
     elements = activation_elements_per_token(model.config, args.activation_checkpointing, logits)
     if elements is None:
         notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
@@ -245,9 +252,6 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
 
 def _longest_row(data) -> Optional[int]:
     """The longest ``input_ids`` row of a datasets.Dataset (read from its Arrow column, without decoding rows)."""
-    import datasets
-    import pyarrow.compute as pc
-
     if not isinstance(data, datasets.Dataset) or "input_ids" not in data.column_names or len(data) == 0:
         return None
     return int(pc.max(pc.list_value_length(data.data.column("input_ids"))).as_py())
