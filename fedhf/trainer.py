@@ -46,11 +46,11 @@ from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
 from .metrics import drift, plot_history, spectral_drift
+from .memory_plan import check_budget, plan_memory
 from .message import Message
 from .model_outputs import loss_items
 from .optim import ModelAccess, OptimizerHooks
 from .params import difference, load_into, num_bytes, snapshot, trainable_parameters
-from .memory_plan import check_budget, plan_memory
 from .processes import process_world
 from .quantization import check_quantised_layers
 from .schedule import round_learning_rate, sample_clients, stream_seed
@@ -93,7 +93,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
                 "The model has no trainable parameters (every requires_grad is False): apply a peft adapter "
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
-        self.world = process_world(args, args.client_parallel)  # the process map and the round's all-reduce count the same processes
+        # the process map and the round's all-reduce count the same processes
+        self.world = process_world(args, args.client_parallel)
         check_quantised_layers(self.model)
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,

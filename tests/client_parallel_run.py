@@ -35,7 +35,8 @@ def main(algorithm: str, out: str) -> None:
                   clients_per_round=3, num_rounds=2, local_steps=2, per_device_train_batch_size=5,
                   gradient_accumulation_steps=2, max_grad_norm=0.5, partition="iid", partition_report=False,
                   learning_rate=1e-3 if algorithm != "scaffold" else 0.05)
-    trainer = FederatedTrainer(model=model, args=args, train_dataset=data["train"], data_collator=SFTCollator(tokenizer))
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=data["train"],
+                               data_collator=SFTCollator(tokenizer))
     trainer.train()
     if trainer.is_world_process_zero():
         state = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}

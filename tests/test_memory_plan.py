@@ -105,9 +105,9 @@ def _saved_for_backward(model, batch) -> int:
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_activation_formula_matches_what_autograd_keeps(checkpointing):
-    """Calibrated on other sizes (module docstring); here LoRA r4 on hidden 96, MLP 192, 3 layers, vocabulary 5,000. With
-    checkpointing the forward keeps the layer inputs; the one layer recomputed during the backward is the rest of the
-    estimate (the no-checkpointing case measures a layer's share)."""
+    """Calibrated on other sizes (module docstring); here LoRA r4 on hidden 96, MLP 192, 3 layers, vocabulary
+    5,000. With checkpointing the forward keeps the layer inputs; the one layer recomputed during the backward is
+    the rest of the estimate (the no-checkpointing case measures a layer's share)."""
     model = tiny_llama(5000, hidden_size=96, num_layers=3)
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
