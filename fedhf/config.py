@@ -86,6 +86,16 @@ class FederatedConfig(TrainingArguments):
         metadata={"help": "Train this many of a round's clients at once: their adapters stacked on the one resident "
                           "base, one forward/backward over their concatenated batches, each client its own "
                           "gradient, optimizer and correction (fedhf/batched_clients.py). 1 = one at a time."})
+    client_parallel: bool = field(
+        default=False,
+        metadata={"help": "With several processes: all of them train each sampled client together, its batches split "
+                          "across processes and the gradients all-reduced per step (fedhf/client_parallel.py), "
+                          "instead of spreading the clients over the processes."})
+    memory_budget_gb: Optional[float] = field(
+        default=None,
+        metadata={"help": "Refuse to start (before any training or file write) when the memory plan printed at the "
+                          "start of train() exceeds this many GiB per process (fedhf/memory_plan.py). "
+                          "None = no check."})
     # --- the split ---
     partition: str = field(default="dirichlet", metadata={"help": f"How rows go to clients: {PARTITIONERS}."})
     partition_column: str = field(
@@ -243,6 +253,7 @@ class FederatedConfig(TrainingArguments):
             (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
             (self.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
             (self.batched_clients >= 1, "`batched_clients` must be >= 1 (1 = one client at a time)"),
+            (self.memory_budget_gb is None or self.memory_budget_gb > 0, "`memory_budget_gb` must be > 0 or unset"),
             (not self.average_tokens_across_devices,
              "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
              "clients (local steps never all-reduce); leave it False"),

@@ -46,26 +46,34 @@ def cpu_only_launch() -> bool:
 class ProcessWorld:
     rank: int = 0
     size: int = 1
+    client_parallel: bool = False  # every process trains every client together (fedhf/client_parallel.py)
+
+    @property
+    def sends_messages(self) -> bool:
+        """Whether this process adds its clients' messages to the round's sums: under client_parallel every
+        process holds the same messages, so only process 0 adds them (each client counted once)."""
+        return not self.client_parallel or self.rank == 0
 
     def owns(self, client_id: int) -> bool:
         """The fixed client -> process map (id modulo size): per-client state stays where its client trains."""
-        return client_id % self.size == self.rank
+        return self.client_parallel or client_id % self.size == self.rank
 
     def clients_of_this_process(self, clients: Sequence[int]) -> List[int]:
         return [c for c in clients if self.owns(c)]
 
 
-def process_world(args) -> ProcessWorld:
-    """The world torch.distributed holds, checked against what the TrainingArguments report.
+def process_world(args, client_parallel: bool = False) -> ProcessWorld:
+    """The world torch.distributed holds, checked against what the TrainingArguments report; ``client_parallel``:
+    every process trains every client together (``FederatedConfig.client_parallel``).
 
     Raises before any work when they disagree: spreading clients by one count and summing by another trains
     some clients twice (or never) and corrupts count-dependent server updates.
     """
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        world = ProcessWorld(dist.get_rank(), dist.get_world_size())
+        world = ProcessWorld(dist.get_rank(), dist.get_world_size(), client_parallel)
     else:
-        world = ProcessWorld()
+        world = ProcessWorld(client_parallel=client_parallel)
     if (world.size, world.rank) != (args.world_size, args.process_index):
         raise RuntimeError(
             f"torch.distributed holds {world.size} process(es) (this is rank {world.rank}) but the "

@@ -36,6 +36,7 @@ from transformers.utils import logging
 from .aggregation import RoundSums, destroy_process_group_at_exit
 from .checkpointing import enable_activation_checkpointing
 from .client_data import ClientData
+from .client_parallel import ClientParallel, check_client_parallel
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext
 from .data import given_split, save_partition_report, split_dataset
@@ -45,6 +46,7 @@ from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
 from .metrics import drift, plot_history, spectral_drift
+from .memory_plan import check_budget, plan_memory
 from .message import Message
 from .model_outputs import loss_items
 from .optim import ModelAccess, OptimizerHooks
@@ -63,7 +65,7 @@ from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, shoul
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
+class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -91,7 +93,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
                 "The model has no trainable parameters (every requires_grad is False): apply a peft adapter "
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
-        self.world = process_world(args)  # the process map and the round's all-reduce count the same processes
+        # the process map and the round's all-reduce count the same processes
+        self.world = process_world(args, args.client_parallel)
         check_quantised_layers(self.model)
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
@@ -102,6 +105,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
         self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base,  # FedEx-LoRA, FLoRA
                                   args.load_best_model_at_end)
         check_batched_clients(self)
+        check_client_parallel(self)
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
                 raise ValueError("Pass `client_partitions` when `train_dataset` is not a datasets.Dataset.")
@@ -148,6 +152,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
             self.federated_history = []
         else:
             run = self._restore(checkpoint)
+        self.memory_plan = plan_memory(self, run)  # fedhf/memory_plan.py: printed once, refused over the budget
+        if self.is_world_process_zero():
+            print(self.memory_plan)
+        check_budget(self.memory_plan, args)
         if args.partition_report and self.is_world_process_zero():
             save_partition_report({**self.partition_summary, "algorithm": self.algorithm.describe()}, args.output_dir)
         load_into(params, run.global_params)
@@ -207,6 +215,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
                                                            run.correction_state, run.sync_state))
         downlink_each += num_bytes(run.base_params) if r else 0  # FedEx-LoRA: the residual folded into the base
         mine = self.world.clients_of_this_process(sorted(clients))
+        counted = sums if self.world.sends_messages else RoundSums()  # client_parallel: each client counted once
         chunks = [mine[i:i + args.batched_clients] for i in range(0, len(mine), args.batched_clients)]
         for chunk in tqdm(chunks, desc=f"round {r + 1}/{args.num_rounds}", leave=False,
                           disable=args.disable_tqdm or not self.is_local_process_zero()):
@@ -219,11 +228,11 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
             load_into(params, run.global_params)
             load_into(buffers, run.global_buffers)
             if args.batched_clients > 1:  # no personal tensors here (refused): nothing per client to load
-                self._train_clients_together(contexts, sums)  # fedhf/batched_round.py
+                self._train_clients_together(contexts, counted)  # fedhf/batched_round.py
             else:
                 self.plan.load_personal(self.client_store, chunk[0], run.personal_init)
-                self._train_client(contexts[0], buffers, sums)
-            sums.add("downlink_bytes", downlink_each * len(chunk))
+                self._train_client(contexts[0], buffers, counted)
+            counted.add("downlink_bytes", downlink_each * len(chunk))
 
         sums.all_reduce(gather=algo.server_rule.gathers)  # the round's only communication
         total_weight = sums.scalar("w")
@@ -305,7 +314,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
         messages = {"correction": algo.correction.client_end(ctx)}
         theta = self.plan.shared_theta(optimizer.export_theta())
         messages["sync"] = algo.state_sync.client_end(ctx, theta, optimizer.theta_structure(theta))
-        if self.args.drift_spectral and theta:
+        if self.args.drift_spectral and theta and self.world.sends_messages:
             self._round_thetas.append((ctx.weight, theta))
         messages["server"] = algo.server_rule.client_end(ctx, optimizer)
         own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
@@ -326,7 +335,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
         for step in range(args.local_steps):
             micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
             optimizer.before_forward(step, micro_batches[0])
-            loss_sum += self._accumulate(micro_batches)
+            loss_sum += (self._accumulate_shards(micro_batches) if self.world.client_parallel and self.world.size > 1
+                         else self._accumulate(micro_batches))  # fedhf/client_parallel.py: a batch over processes
             self._optimizer_step(ctx, optimizer)
         optimizer.end_round()
         self.optimizer = None

@@ -214,6 +214,12 @@ BAD_INPUTS = [
     Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
         "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
                                                eval_every_rounds=1, metric_for_best_model="loss")),
+    # --- memory plan and client-parallel training (fedhf/memory_plan.py, fedhf/client_parallel.py) ---
+    Bad("`memory_budget_gb` <= 0", "memory_budget_gb", _cfg(memory_budget_gb=0)),
+    Bad("`client_parallel=True` with BatchNorm buffers (a row shard's statistics are not the batch's)",
+        "client_parallel", _digits(client_parallel=True)),
+    Bad("`client_parallel=True` with `batched_clients` > 1", "batched_clients",
+        _lora_tweets(client_parallel=True, batched_clients=2)),
 ]
 
 

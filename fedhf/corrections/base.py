@@ -35,6 +35,10 @@ class Correction(ABC):
         """State the server keeps and broadcasts to the round's clients (its bytes count as downlink)."""
         return {}
 
+    def client_state_bytes(self, global_params: TensorDict) -> int:
+        """Bytes this correction keeps per client in the client store (the memory plan, fedhf/memory_plan.py)."""
+        return 0
+
     def client_begin(self, ctx: ClientContext) -> None:
         pass
 

@@ -15,12 +15,15 @@ import torch
 
 from ..context import ClientContext, ServerContext
 from ..message import Message
-from ..params import TensorDict
+from ..params import TensorDict, num_bytes
 from .base import Correction
 
 
 class ControlVariate(Correction):
     name = "control_variate"
+
+    def client_state_bytes(self, global_params: TensorDict) -> int:
+        return num_bytes(global_params)  # one fp32 tensor per shared parameter, like x^r
 
     def server_init(self, global_params: TensorDict) -> TensorDict:
         return {f"c.{n}": torch.zeros_like(t) for n, t in global_params.items()}

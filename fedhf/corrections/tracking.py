@@ -38,7 +38,7 @@ import torch
 
 from ..context import ClientContext, ServerContext
 from ..message import Message
-from ..params import TensorDict
+from ..params import TensorDict, num_bytes
 from .base import Correction
 
 POSITIONS = ("after", "before")
@@ -60,6 +60,9 @@ class ParameterTracking(Correction):
             raise ValueError(f"`correction_kwargs.tracked_fraction` must be in (0, 1], got {tracked_fraction}.")
         self.position = position
         self.tracked_fraction = float(tracked_fraction)
+
+    def client_state_bytes(self, global_params: TensorDict) -> int:
+        return num_bytes(global_params)  # one fp32 tensor per shared parameter, like x^r
 
     def server_init(self, global_params: TensorDict) -> TensorDict:
         return {f"y.{n}": torch.zeros_like(t) for n, t in global_params.items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 
@@ -22,6 +22,7 @@ from .foof import FOOF
 from .muon import MuonAdamW
 from .soap import SOAP
 from .sophia import Sophia
+from .state_size import TORCH_STATE_BYTES
 
 LOCAL_OPTIMIZERS: Registry[type] = Registry("local optimizer", "local_optimizer")
 LOCAL_OPTIMIZERS.register("sgd")(torch.optim.SGD)  # coupled weight decay, ALGORITHMS.md 1.1
@@ -119,6 +120,14 @@ class LocalOptimizer:
     @property
     def exports_preconditioners(self) -> bool:
         return self.federated and self.cls.exports_preconditioners
+
+    def state_bytes(self, params: Mapping[str, torch.Tensor]) -> Optional[int]:
+        """The declared bytes of one client's optimizer state for ``params``; None for a torch.optim class that
+        fedhf has no declaration for (fedhf/optim/state_size.py lists those it has)."""
+        if self.federated:
+            return self.cls.state_bytes(params, **self.kwargs)
+        declared = TORCH_STATE_BYTES.get(self.cls)
+        return None if declared is None else declared(params, self.kwargs)
 
     def build(self, params: Dict[str, torch.nn.Parameter], lr: float) -> OptimizerHooks:
         """The optimizer for one client round, behind the :class:`OptimizerHooks` protocol."""

@@ -27,6 +27,7 @@ import torch
 from ..theta import NONNEGATIVE
 from ..updates import adaptive_moments_
 from .base import FederatedOptimizer, NamedParams, split_theta_key
+from .state_size import copies, state_dtype
 
 
 @torch.no_grad()
@@ -59,6 +60,10 @@ class AMSGradNoBias(FederatedOptimizer):
         self.amsgrad = bool(amsgrad)  # fixed per optimizer: it decides what Theta is
         self.theta_keys = ("max_exp_avg_sq",) if self.amsgrad else ("exp_avg_sq",)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @classmethod
+    def state_bytes(cls, params, amsgrad: bool = True, **kwargs) -> int:
+        return copies(params, 3 if amsgrad else 2, state_dtype)  # m, v (+ v_hat)
 
     def import_theta(self, theta: Mapping[str, torch.Tensor]) -> None:
         """Warm start: with AMSGrad, v starts from the imported v_hat too (ALGORITHMS.md 5.11)."""

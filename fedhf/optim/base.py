@@ -123,6 +123,12 @@ class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
     def update(self) -> None:
         raise NotImplementedError
 
+    @classmethod
+    def state_bytes(cls, params: Mapping[str, torch.Tensor], **kwargs: Any) -> int:
+        """The bytes of the state this optimizer holds for ``params`` (names -> tensors) built with ``kwargs``, at
+        its largest (after the first steps), computed from shapes and dtypes (fedhf/optim/state_size.py)."""
+        raise NotImplementedError(f"{cls.__name__} does not declare its state size")
+
     def lazy_state(self, p: torch.Tensor, keys: Iterable[str]) -> Tuple[Dict[str, Any], torch.dtype]:
         """p's state with every key of ``keys`` present, and its dtype (fp32 for half-precision parameters, p's
         own from fp32 up). Missing keys start at zero one by one, so an imported Theta survives the first step."""

@@ -23,6 +23,7 @@ import torch
 from ..theta import NONNEGATIVE
 from ..updates import covariance_moments_
 from .base import FederatedOptimizer, NamedParams
+from .state_size import copies, state_dtype
 
 
 @torch.no_grad()
@@ -50,6 +51,10 @@ class CovarianceAdam(FederatedOptimizer):
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"betas must be in [0, 1), got {betas}.")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "tau": tau, "weight_decay": weight_decay})
+
+    @classmethod
+    def state_bytes(cls, params, **kwargs) -> int:
+        return copies(params, 2, state_dtype)  # m, P
 
     def update(self) -> None:
         for group in self.param_groups:

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from ..params import augment
 from ..theta import SYMMETRIC_PSD
 from .base import FederatedOptimizer, NamedParams, TensorDict, theta_key
+from .state_size import nbytes
 
 
 # ---------------------------------------------------------------- the math
@@ -134,6 +135,18 @@ class FOOF(FederatedOptimizer):
         self.curvature_samples = None if curvature_samples is None else int(curvature_samples)
         self._layers: Optional[List[FoofLayer]] = None
         self._factors: Dict[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]] = {}  # weight -> (A, chol of A + lam I)
+
+    @classmethod
+    def state_bytes(cls, params, **kwargs) -> int:
+        """A (fp32, (fan_in + 1)^2 when the layer's bias is folded in, else fan_in^2) per FOOF layer. Declared from
+        the names alone: every weight of 2 or more dimensions is taken as a Linear/Conv2d layer's (an Embedding
+        trained with FOOF would be over-counted). The float64 Cholesky factor cached beside A is not state."""
+        total = 0
+        for name, p in params.items():
+            if p.ndim >= 2 and name.endswith("weight"):
+                fan_in = p[0].numel() + (name[:-len("weight")] + "bias" in params)
+                total += nbytes(fan_in ** 2, torch.float32)
+        return total
 
     # ------------------------------------------------------------ layers
     def attach(self, access) -> None:

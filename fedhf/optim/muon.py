@@ -42,6 +42,7 @@ import torch
 from .base import FederatedOptimizer, TensorDict, split_theta_key, theta_key
 from .muon_batched import BatchedMuon
 from .muon_exact import MOMENTUM_FORMS, ORTHOGONALISATIONS, ExactMuon
+from .state_size import adamw_bytes, copies
 
 ROUTINGS = ("ndim>=2", "hidden_only")
 NEWTON_SCHULZ = {"torch": torch.optim.Muon, "batched": BatchedMuon}
@@ -106,6 +107,12 @@ class MuonAdamW(FederatedOptimizer):
         self.adamw = torch.optim.AdamW(others, lr=lr, betas=tuple(betas), eps=eps,
                                        weight_decay=weight_decay) if others else None
         super().__init__(named, {"lr": lr})
+
+    @classmethod
+    def state_bytes(cls, params, routing: str = "ndim>=2", **kwargs) -> int:
+        """One momentum buffer per Muon matrix (the gradient's dtype); AdamW's m, v and step for the rest."""
+        muon = {n: p for n, p in params.items() if route_to_muon(n, p, routing)}
+        return copies(muon, 1) + adamw_bytes({n: p for n, p in params.items() if n not in muon})
 
     def export_theta(self) -> TensorDict:
         if self.muon is None:

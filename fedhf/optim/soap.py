@@ -49,6 +49,7 @@ import torch
 
 from ..theta import GENERAL, SYMMETRIC_PSD
 from .base import FederatedOptimizer, NamedParams, TensorDict, split_theta_key, theta_key
+from .state_size import copies, nbytes
 
 Bases = Sequence[Optional[torch.Tensor]]  # one entry per tensor dimension; None = identity (no factor)
 _FACTOR_KEY = re.compile(r"GG(\d+)")
@@ -171,6 +172,13 @@ class SOAP(FederatedOptimizer):
                                       max_precond_dim=max_precond_dim, precondition_1d=precondition_1d,
                                       correct_bias=correct_bias, factor_update=factor_update,
                                       eigenbasis_refresh=eigenbasis_refresh))
+
+    @classmethod
+    def state_bytes(cls, params, max_precond_dim: int = 10000, precondition_1d: bool = False, **kwargs) -> int:
+        """m and v (fp32), and per preconditioned dimension d a factor GG_d and an eigenbasis Q_d (d x d, fp32)."""
+        square = sum(2 * nbytes(p.shape[d] ** 2, torch.float32) for p in params.values()
+                     for d in preconditioned_dims(p.shape, max_precond_dim, precondition_1d))
+        return copies(params, 2, lambda p: torch.float32) + square
 
     @staticmethod
     def _dims(group: dict, p: torch.Tensor) -> List[int]:

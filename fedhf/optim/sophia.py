@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..theta import NONNEGATIVE
 from .base import FederatedOptimizer, NamedParams
+from .state_size import copies
 
 HESSIAN_ESTIMATORS = ("gnb", "hutchinson", "empirical_fisher")
 LABEL_SAMPLERS = ("multinomial", "inverse_cdf")  # how GNB draws y_hat: see sample_labels
@@ -264,6 +265,10 @@ class Sophia(FederatedOptimizer):
             group["hessian_batch_size"] = batch_size
 
     # ------------------------------------------------------------ step
+    @classmethod
+    def state_bytes(cls, params, **kwargs) -> int:
+        return copies(params, 2, lambda p: torch.float32)  # m and h in fp32 (the step counter is a Python int)
+
     def update(self) -> None:
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]

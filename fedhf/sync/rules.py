@@ -58,6 +58,10 @@ class StateSync(ABC):
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         return {}
 
+    def client_state_bytes(self, theta_bytes: int) -> int:
+        """Bytes this rule keeps per client in the client store, given the bytes of one client's Theta."""
+        return 0
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
@@ -79,6 +83,9 @@ class PersistLocal(StateSync):
     def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
         ctx.store.put(ctx.client_id, STORE_KEY, theta)
         return contribute(ctx, theta, counted=False)
+
+    def client_state_bytes(self, theta_bytes: int) -> int:
+        return theta_bytes
 
 
 class AverageWarmstart(StateSync):

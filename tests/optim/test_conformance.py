@@ -129,3 +129,34 @@ def test_a_closure_step_returns_its_loss_and_makes_the_same_update(case):
     (plain, plain_losses), (closed, closed_losses) = runs
     assert closed_losses == plain_losses
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), closed.parameters()))
+
+
+def _tensor_bytes(value) -> int:
+    """Bytes of every tensor in a (nested) state dict."""
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_declared_state_size_is_the_real_one(case):
+    """The memory plan's optimizer row (LocalOptimizer.state_bytes, from shapes alone) equals the bytes of the
+    state the optimizer really holds after its first steps (SOAP's bases and Sophia's h exist from step 1)."""
+    model, batch = _toy()
+    spec = LocalOptimizer(case.partition("[")[0], CASES[case][0])
+    declared = spec.state_bytes(dict(model.named_parameters()))
+    optimizer = _build(case, model, batch)
+    _steps(model, optimizer, batch, 0, 2)
+    assert declared == _tensor_bytes(optimizer.state_dict()) > (0 if case != "sgd" else -1)
+
+
+def test_sgd_with_momentum_declares_its_buffer():
+    model, batch = _toy()
+    spec = LocalOptimizer("sgd", {"lr": 0.1, "momentum": 0.9})
+    optimizer = spec.build(dict(model.named_parameters()), 0.1)
+    _steps(model, optimizer, batch, 0, 1)
+    assert spec.state_bytes(dict(model.named_parameters())) == _tensor_bytes(optimizer.state_dict()) == 4 * 195  # 8*16 + 16 + 16*3 + 3 parameters
