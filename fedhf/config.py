@@ -118,6 +118,11 @@ class FederatedConfig(TrainingArguments):
         default=0.0,
         metadata={"help": "Hold out this fraction of each client's rows (seeded, at least 1) as that client's own "
                           "evaluation set, never trained on: FederatedTrainer.client_eval_partitions."})
+    personalized_eval: bool = field(
+        default=False,
+        metadata={"help": "At every evaluated round, also evaluate each client's own model (global + its personal "
+                          "tensors) on its held-out rows (needs client_eval_fraction > 0) and log the mean, the "
+                          "worst client and the std over clients as personal_eval_* (fedhf/personal_eval.py)."})
     # --- the algorithm: a name, or any of its four axes replaced ---
     algorithm: str = field(default="fedavg", metadata={"help": "Named algorithm; see fedhf.algorithms.list_algorithms()."})
     algorithm_kwargs: Optional[Union[dict, str]] = field(
@@ -231,6 +236,9 @@ class FederatedConfig(TrainingArguments):
              "'iid'/'dirichlet'"),
             (0 <= self.client_eval_fraction < 1,
              f"`client_eval_fraction` must be in [0, 1) (got {self.client_eval_fraction}); e.g. 0.1"),
+            (not self.personalized_eval or self.client_eval_fraction > 0,
+             "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is 0: "
+             "set client_eval_fraction (e.g. 0.1) or personalized_eval=False"),
             (self.client_weighting in CLIENT_WEIGHTINGS, f"`client_weighting` must be one of {CLIENT_WEIGHTINGS}"),
             (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),

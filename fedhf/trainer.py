@@ -41,6 +41,7 @@ from .context import ClientContext, ServerContext
 from .data import given_split, save_partition_report, split_dataset
 from .data.checks import check_datasets, check_not_streaming
 from .batched_round import BatchedRound, check_batched_clients
+from .personal_eval import PersonalEvaluation, check_personal_eval
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
@@ -63,7 +64,7 @@ from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, shoul
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
+class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -92,6 +93,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
         self.world = process_world(args)  # the process map and the round's all-reduce count the same processes
+        check_personal_eval(args, self.world.size)
         check_quantised_layers(self.model)
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
@@ -162,7 +164,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
         best = BestRound(args)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and self.eval_dataset is not None and checkpoint is None:
-            self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval)})
+            self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval),
+                          **self._personal_metrics(run, 0)})
 
         guard = ExclusionGuard(args.max_excluded_rounds)
         while run.rounds_done < args.num_rounds and not self.control.should_training_stop:
@@ -176,6 +179,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, Trainer):
             if should_evaluate(args, run.rounds_done, self.eval_dataset is not None):
                 entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
                 best.after_evaluate(self.state, entry, params, buffers)
+            entry.update(self._personal_metrics(run, run.rounds_done))  # personalized_eval: fedhf/personal_eval.py
             self._record(entry)
             if args.save_every_rounds and run.rounds_done % args.save_every_rounds == 0:
                 self._save_checkpoint(run)

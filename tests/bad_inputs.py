@@ -192,6 +192,8 @@ BAD_INPUTS = [
             env["tmp_path"], partition_key="embedding", partition_encoder=env["minilm"], partition_column="label"))),
     Bad("`client_eval_fraction` that leaves a client no training rows", "client_eval_fraction",
         _partitions(lambda n: [[0], [1], [2], np.arange(3, n)], client_eval_fraction=0.5)),
+    Bad("`personalized_eval` without held-out rows (`client_eval_fraction` 0)", "client_eval_fraction",
+        _cfg(personalized_eval=True)),
     Bad("both `client_partitions` and a callable `partition_key`", "partition_key",
         _partitions(lambda n: [[0], [1], [2], np.arange(3, n)], key=lambda row: row["label"])),
     # --- which tensors are shared (fedhf/sharing.py) ---
