@@ -38,6 +38,8 @@ def check_batched_clients(trainer) -> None:
 
     trainable_linears(trainer.model)  # raises naming the modules that cannot be stacked
     problems = []
+    if trainer.sharing.preset == "rolora":
+        problems.append("`parameter_sharing='rolora'` (its frozen factor changes by round)")
     if PERSONAL in trainer.sharing_roles.values():
         problems.append("personal tensors (`parameter_sharing`: each client would need its own copy loaded)")
     if federated_buffers(trainer.model):

@@ -148,7 +148,8 @@ class FederatedConfig(TrainingArguments):
     parameter_sharing: str = field(
         default="all", metadata={"help": "Which trainable tensors are shared, personal (kept per client) or frozen: "
                                          "all, fedsa (LoRA B personal), ffa (LoRA A frozen at a seeded init), "
-                                         "personal_head, personal_norm (fedhf/sharing.py)."})
+                                         "personal_head, personal_norm, rolora (LoRA A and B trained in alternate "
+                                         "rounds) (fedhf/sharing.py)."})
     parameter_sharing_kwargs: Optional[Union[dict, str]] = field(
         default=None, metadata={"help": 'Name patterns (regular expressions) overriding the preset: '
                                         '{"personal": [...], "frozen": [...], "shared": [...]}.'})

@@ -206,6 +206,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
         clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
         sums = RoundSums()
+        self.plan.begin_round(r)  # RoLoRA: this round's frozen LoRA factor
         self._round_thetas = []  # (w_i, Theta_i) of this process's clients, for the spectral drift only
         downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
                                                            run.correction_state, run.sync_state))
@@ -241,8 +242,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
                                                                  replace(server_ctx, sums=sums.within("correction")))
             run.sync_state = algo.state_sync.server_update(run.sync_state,
                                                            replace(server_ctx, sums=sums.within("sync")))
+            previous = run.global_params
             run.global_params, run.server_state = algo.server_rule.apply(
                 run.global_params, run.server_state, replace(server_ctx, sums=sums.within("server")))
+            run.global_params = self.plan.hold_frozen(run.global_params, previous)  # RoLoRA's frozen factor
             if algo.server_rule.folds_into_base:  # FedEx-LoRA: the product residual into the frozen base weights
                 run.base_params = self.base_fold.fold(run.base_params, algo.server_rule.base_residual(
                     run.global_params, replace(server_ctx, sums=sums.within("server"))))
@@ -253,6 +256,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
         load_into(self.plan.personal, run.personal_init)  # the global model: shared parts + initial personal ones
+        self.plan.end_round()
         self.base_fold.load(run.base_params)
         theta_sums = sums.within("sync")
         spectral = spectral_drift(self._round_thetas, theta_sums, total_weight) if args.drift_spectral else None
@@ -285,7 +289,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
         self.model.train()
         optimizer = algo.local_optimizer.build(self.plan.trained(ctx.params), ctx.local_lr)  # shared + personal
-        algo.state_sync.client_begin(ctx, optimizer)
+        algo.state_sync.client_begin(ctx, self.plan.theta_target(optimizer))  # RoLoRA: the trained factor's Theta
         optimizer.attach(access or self._model_access(ctx))
         return optimizer
 
@@ -301,7 +305,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
             sums.add("excluded", 1.0)
             return
         self.plan.keep_personal(self.client_store, ctx.client_id)
-        own = Message().put("dx", delta, scale=ctx.weight)  # the trainer's own message: un-namespaced keys
+        own = Message().put("dx", delta, scale=ctx.weight,  # the trainer's own message: un-namespaced keys
+                            nbytes=self.plan.sent_bytes(delta))  # RoLoRA: the frozen factor's zeros are not sent
         if algo.server_rule.gathers:
             sums.gather(ctx.client_id, delta)
         if buffers:
