@@ -14,6 +14,9 @@ Both factors stay shared tensors of the federated model (one set of names for ev
 and optimizer-sync state keep their keys); the frozen factor's model change is exactly zero, is not counted in the
 uplink (a deployment would not send it), and the server keeps it as it was even if its rule carries momentum.
 The rest of the round (downlink, correction and state-sync messages) is counted as for any shared tensor.
+
+The same mechanism with A frozen in *every* round (``alternate=False``) is the client half of FedSVD
+(:class:`fedhf.server.lora.FedSVD`): clients train only B, and A changes only on the server, which sets it.
 """
 
 from __future__ import annotations
@@ -44,13 +47,13 @@ def check_alternating(params: Mapping[str, torch.nn.Parameter], server_rule) -> 
 class AlternatingFactors:
     """Which factor is frozen in the current round, over the plan's shared parameters."""
 
-    def __init__(self, params: Dict[str, torch.nn.Parameter]) -> None:
-        self.params = params
+    def __init__(self, params: Dict[str, torch.nn.Parameter], alternate: bool = True) -> None:
+        self.params, self.alternate = params, alternate
         self.by_role = {role: [n for n in params if role_of(n) == role] for role in (LORA_A, LORA_B)}
         self.frozen: frozenset = frozenset()
 
     def frozen_in(self, round_index: int):
-        return self.by_role[LORA_A] if round_index % 2 == 0 else self.by_role[LORA_B]
+        return self.by_role[LORA_A] if round_index % 2 == 0 or not self.alternate else self.by_role[LORA_B]
 
     def begin_round(self, round_index: int) -> None:
         self.frozen = frozenset(self.frozen_in(round_index))
@@ -74,7 +77,9 @@ class AlternatingFactors:
         return TrainedTheta(optimizer, self.frozen)
 
     def hold(self, new_params: TensorDict, old_params: TensorDict) -> TensorDict:
-        """The server's result with the frozen factor as it was (bit for bit)."""
+        """The server's result with the frozen factor as it was (bit for bit); FedSVD's server sets A itself."""
+        if not self.alternate:
+            return new_params
         return {n: old_params[n] if n in self.frozen else t for n, t in new_params.items()}
 
 

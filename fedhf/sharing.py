@@ -116,7 +116,7 @@ class SharingPlan:
     seed), the shared parameters and buffers the trainer federates, and the live personal tensors."""
 
     def __init__(self, sharing: ParameterSharing, roles: Mapping[str, str], model: torch.nn.Module,
-                 seed: int) -> None:
+                 seed: int, freeze_lora_a: bool = False) -> None:
         live = dict(model.named_parameters())
         frozen = sorted(n for n, r in roles.items() if r == FROZEN)
         with torch.no_grad():
@@ -131,7 +131,9 @@ class SharingPlan:
         self.personal = {**{n: live[n] for n, r in roles.items() if r == PERSONAL}, **personal_buffers}
         self._personal_params = {n: t for n, t in self.personal.items() if isinstance(t, torch.nn.Parameter)}
         self.frozen = frozen
-        self.alternating = AlternatingFactors(self.params) if sharing.preset == ROLORA else None
+        # RoLoRA alternates the trained factor; a server rule that sets A itself (FedSVD) freezes A on clients.
+        self.alternating = (AlternatingFactors(self.params) if sharing.preset == ROLORA else
+                            AlternatingFactors(self.params, alternate=False) if freeze_lora_a else None)
 
     def trained(self, shared: Optional[Dict[str, torch.nn.Parameter]] = None) -> Dict[str, torch.nn.Parameter]:
         """What the local optimizer steps: the client's shared parameters (default: the resident ones; a batched

@@ -141,7 +141,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         # NEFTune (Jain et al. 2023, arXiv:2310.05914): Trainer attaches its embedding-noise hook in its own loop.
         neftune = activate_neftune(self.model, args.neftune_noise_alpha) if args.neftune_noise_alpha else None
         destroy_process_group_at_exit()
-        self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed)  # shared/personal/frozen
+        self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed,  # shared/personal/frozen
+                                self.algorithm.server_rule.aggregator.freezes_lora_a)  # FedSVD: A is the server's
         params, buffers = self.plan.params, self.plan.buffers  # only the shared part is federated
         if checkpoint is None:
             run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server_rule.init(snapshot(params)),

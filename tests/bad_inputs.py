@@ -219,6 +219,8 @@ BAD_INPUTS = [
         _lora_tweets(server_rule="fedex_lora", parameter_sharing="rolora")),
     Bad("`parameter_sharing='rolora'` with `batched_clients` > 1", "batched_clients",
         _lora_tweets(parameter_sharing="rolora", batched_clients=2)),
+    Bad("`server_rule='fedsvd'` with `batched_clients` > 1", "batched_clients",
+        _lora_tweets(server_rule="fedsvd", batched_clients=2)),
     Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
         "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
                                                eval_every_rounds=1, metric_for_best_model="loss")),
