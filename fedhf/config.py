@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from transformers import TrainingArguments
@@ -153,6 +153,11 @@ class FederatedConfig(TrainingArguments):
     parameter_sharing_kwargs: Optional[Union[dict, str]] = field(
         default=None, metadata={"help": 'Name patterns (regular expressions) overriding the preset: '
                                         '{"personal": [...], "frozen": [...], "shared": [...]}.'})
+    lora_client_ranks: Optional[List[int]] = field(
+        default=None,
+        metadata={"help": "Heterogeneous LoRA ranks, one per client: client i trains the first r_i rank components of "
+                          "the global adapter (the rest zeroed). Needs a product rule (flexlora, flora, fedex_lora, "
+                          "fedsvd); see fedhf/lora_ranks.py."})
     drift_spectral: bool = field(
         default=False,
         metadata={"help": "Also log FedPAC's layer-wise spectral drift mean_i ||Theta_i - Thetabar||_2 per Theta "
@@ -240,6 +245,9 @@ class FederatedConfig(TrainingArguments):
             (not self.personalized_eval or self.client_eval_fraction > 0,
              "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is 0: "
              "set client_eval_fraction (e.g. 0.1) or personalized_eval=False"),
+            (self.lora_client_ranks is None or (len(self.lora_client_ranks) == self.num_clients
+                                                and all(int(r) >= 1 for r in self.lora_client_ranks)),
+             f"`lora_client_ranks` needs one rank >= 1 per client ({self.num_clients}), got {self.lora_client_ranks}"),
             (self.client_weighting in CLIENT_WEIGHTINGS, f"`client_weighting` must be one of {CLIENT_WEIGHTINGS}"),
             (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),

@@ -42,6 +42,7 @@ from .data import given_split, save_partition_report, split_dataset
 from .data.checks import check_datasets, check_not_streaming
 from .batched_round import BatchedRound, check_batched_clients
 from .personal_eval import PersonalEvaluation, check_personal_eval
+from .lora_ranks import ClientRanks, check_client_ranks
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
@@ -101,6 +102,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         self.algorithm = args.build_algorithm()
         self.sharing = args.build_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
+        check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm.server_rule,
+                           args.batched_clients)
         self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base,  # FedEx-LoRA, FLoRA
                                   args.load_best_model_at_end)
         check_batched_clients(self)
@@ -144,6 +147,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed,  # shared/personal/frozen
                                 self.algorithm.server_rule.aggregator.freezes_lora_a)  # FedSVD: A is the server's
         params, buffers = self.plan.params, self.plan.buffers  # only the shared part is federated
+        self.client_ranks = ClientRanks(args.lora_client_ranks, params) if args.lora_client_ranks else None
         if checkpoint is None:
             run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server_rule.init(snapshot(params)),
                            self.algorithm.correction.server_init(snapshot(params)), sync_state={},
@@ -284,6 +288,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         """The client's correction, seeded streams and optimizer (with its state-sync warm start and the
         model-aware part of its round: ``access``, by default :meth:`_model_access`)."""
         algo = self.algorithm
+        if self.client_ranks is not None:  # lora_client_ranks: this client's first r_i components only
+            self.client_ranks.truncate(ctx.client_id)
         algo.correction.client_begin(ctx)
         torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
         # Train mode before anything runs the model: curvature hooks run before training_step (which would set
@@ -350,6 +356,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientData, PersonalEvaluation,
         self.algorithm.correction.before_step(ctx)
         optimizer.step()
         self.algorithm.correction.after_step(ctx)
+        if self.client_ranks is not None:  # nothing revives the components beyond the client's rank
+            self.client_ranks.truncate(ctx.client_id)
         optimizer.zero_grad(set_to_none=True)
 
     def _accumulate(self, micro_batches: List[dict]) -> torch.Tensor:

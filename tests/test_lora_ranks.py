@@ -1,0 +1,69 @@
+"""Heterogeneous LoRA ranks per client (fedhf/lora_ranks.py) on a real peft LoRA Llama with non-square layers:
+equal ranks change nothing (bit for bit), and with mixed ranks each client's adapter B_i A_i has rank <= r_i while
+FLoRA's global effective weight stays the exact mean of the clients'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhf import FederatedTrainer
+from fedhf.data.sft import SFTCollator
+from fedhf.lora import lora_layers
+
+from .helpers import config, tweet_sft
+from .server.test_lora import CLIENTS, effective_weights, lora_llama
+
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def sft(tokenizer):
+    return tweet_sft(tokenizer, n_train=48, n_test=8, max_length=24)
+
+
+class Recording(FederatedTrainer):
+    """Each client's A, B and effective weights after its local steps."""
+
+    def _local_steps(self, ctx, optimizer):
+        loss = super()._local_steps(ctx, optimizer)
+        live = dict(self.model.named_parameters())
+        adapters = {layer.a: (live[layer.a].detach().clone(), live[layer.b].detach().clone())
+                    for layer in lora_layers(self.model).values()}
+        self.seen = getattr(self, "seen", []) + [(ctx.round, ctx.client_id, adapters, effective_weights(self.model))]
+        return loss
+
+
+def _run(tokenizer, sft, tmp_path, **kw):
+    model = lora_llama(len(tokenizer), RANK)
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, num_rounds=1, local_steps=3,
+                  per_device_train_batch_size=4, partition="iid", partition_report=False, local_optimizer="adamw",
+                  learning_rate=1e-2, **kw)
+    trainer = Recording(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+    trainer.train()
+    return model, trainer
+
+
+def test_equal_ranks_are_todays_flexlora_bit_for_bit(tokenizer, sft, tmp_path):
+    plain, _ = _run(tokenizer, sft, tmp_path / "plain", server_rule="flexlora")
+    ranked, _ = _run(tokenizer, sft, tmp_path / "ranked", server_rule="flexlora", lora_client_ranks=[RANK] * CLIENTS)
+    theirs = dict(plain.named_parameters())
+    assert all(torch.equal(p, theirs[n]) for n, p in ranked.named_parameters())
+
+
+@pytest.mark.parametrize("rule", ["flexlora", "flora"])
+def test_mixed_ranks_give_each_client_an_adapter_of_its_rank(tokenizer, sft, tmp_path, rule):
+    ranks = [1, 2, RANK]
+    model, trainer = _run(tokenizer, sft, tmp_path, server_rule=rule, lora_client_ranks=ranks)
+    assert len(trainer.seen) == CLIENTS
+    for _, client, adapters, _ in trainer.seen:
+        r = ranks[client]
+        for a, b in adapters.values():
+            assert torch.count_nonzero(a[r:]) == 0 and torch.count_nonzero(b[:, r:]) == 0
+            assert torch.count_nonzero(b[:, :r]) > 0  # the client's own components did train
+            assert torch.linalg.matrix_rank(b.double() @ a.double()) <= r
+    if rule == "flora":  # stacking mixed ranks keeps the global effective weight the exact mean of the clients'
+        clients = [w for _, _, _, w in trainer.seen]
+        mean = {n: sum(c[n] for c in clients) / len(clients) for n in clients[0]}
+        glob = effective_weights(model)
+        assert max((glob[n] - mean[n]).abs().max().item() for n in mean) < 1e-5
