@@ -81,11 +81,13 @@ class _SavedRandomState:
 
 
 class PersonalEvaluation:
-    """Uses the trainer's ``plan``, ``client_store``, ``client_eval_partitions`` and Trainer's evaluation loop."""
+    """Uses the trainer's ``plan``, ``client_store``, ``client_ranks``, ``client_eval_partitions`` and Trainer's
+    evaluation loop."""
 
-    def _personal_evaluation(self, personal_init) -> Dict[str, float]:
+    def _personal_evaluation(self, run) -> Dict[str, float]:
         """The summary over clients; ``self.personal_eval_per_client`` keeps each client's metrics (client id ->
-        metrics) of the latest evaluation."""
+        metrics) of the latest evaluation. With ``lora_client_ranks`` a client's model is the global adapter cut
+        to its rank (fedhf/lora_ranks.py), as it trains."""
         per_client: Dict[int, Dict[str, float]] = {}
         skipped = 0
         with _SavedRandomState():
@@ -93,11 +95,14 @@ class PersonalEvaluation:
                 if len(rows) == 0:
                     skipped += 1
                     continue
-                self.plan.load_personal(self.client_store, client, personal_init)
+                self.plan.load_personal(self.client_store, client, run.personal_init)
+                if self.client_ranks is not None:
+                    self.client_ranks.truncate(client)
                 try:
                     per_client[client] = self._evaluate_rows(rows)
-                finally:
-                    load_into(self.plan.personal, personal_init)  # the global model again
+                finally:  # the global model again
+                    load_into(self.plan.personal, run.personal_init)
+                    load_into(self.plan.params, run.global_params)
         self.personal_eval_per_client = per_client
         return summarise(list(per_client.values()), skipped)
 
@@ -118,6 +123,6 @@ class PersonalEvaluation:
         round 0 with ``eval_on_start``; also without an ``eval_dataset``): the summary, logged to callbacks."""
         if not self.args.personalized_eval or (rounds_done and not should_evaluate(self.args, rounds_done, True)):
             return {}
-        metrics = self._personal_evaluation(run.personal_init)
+        metrics = self._personal_evaluation(run)
         self.log(dict(metrics))
         return metrics

@@ -67,3 +67,32 @@ def test_mixed_ranks_give_each_client_an_adapter_of_its_rank(tokenizer, sft, tmp
         mean = {n: sum(c[n] for c in clients) / len(clients) for n in clients[0]}
         glob = effective_weights(model)
         assert max((glob[n] - mean[n]).abs().max().item() for n in mean) < 1e-5
+
+
+def test_personalised_evaluation_of_a_client_uses_its_rank(tokenizer, sft, tmp_path):
+    ranks = [1, 2, RANK]
+    # FlexLoRA: the global adapter after the round is non-zero, so cutting it to a rank changes the model
+    model, trainer = _run(tokenizer, sft, tmp_path, server_rule="flexlora", lora_client_ranks=ranks,
+                          personalized_eval=True, client_eval_fraction=0.2, per_device_eval_batch_size=64)
+    live = dict(model.named_parameters())
+    pairs = [(live[layer.a], live[layer.b]) for layer in lora_layers(model).values()]
+    model.eval()
+
+    def loss_on(rows):
+        batch = SFTCollator(tokenizer)([sft["train"][int(i)] for i in rows])
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     labels=batch["labels"]).loss.item()
+
+    for client, rows in enumerate(trainer.client_eval_partitions):
+        saved = [(a.detach().clone(), b.detach().clone()) for a, b in pairs]
+        with torch.no_grad():
+            uncut = loss_on(rows)
+            for a, b in pairs:  # the global adapter cut to the client's rank, by hand
+                a[ranks[client]:].zero_()
+                b[:, ranks[client]:].zero_()
+            loss = loss_on(rows)
+            for (a, b), (a0, b0) in zip(pairs, saved):
+                a.copy_(a0)
+                b.copy_(b0)
+        assert trainer.personal_eval_per_client[client]["loss"] == pytest.approx(loss, abs=1e-5)
+        assert (abs(uncut - loss) > 1e-5) == (ranks[client] < RANK)  # the cut matters below the full rank
