@@ -36,9 +36,9 @@ class Recording(FederatedTrainer):
 
 def _run(tokenizer, sft, tmp_path, **kw):
     model = lora_llama(len(tokenizer), RANK)
-    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, num_rounds=1, local_steps=3,
-                  per_device_train_batch_size=4, partition="iid", partition_report=False, local_optimizer="adamw",
-                  learning_rate=1e-2, **kw)
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, local_steps=3,
+                  per_device_train_batch_size=4, partition="iid", partition_report=False,
+                  **{"num_rounds": 1, "local_optimizer": "adamw", "learning_rate": 1e-2, **kw})
     trainer = Recording(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
     trainer.train()
     return model, trainer
@@ -96,3 +96,15 @@ def test_personalised_evaluation_of_a_client_uses_its_rank(tokenizer, sft, tmp_p
                 b.copy_(b0)
         assert trainer.personal_eval_per_client[client]["loss"] == pytest.approx(loss, abs=1e-5)
         assert (abs(uncut - loss) > 1e-5) == (ranks[client] < RANK)  # the cut matters below the full rank
+
+
+@pytest.mark.parametrize("algorithm", ["fedpac_muon", "fadam_gt"])
+def test_mixed_ranks_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm):
+    ranks = [1, 2, RANK]  # FedPAC's after-step mixing and FAdamGT's tracking cannot revive the cut components
+    _, trainer = _run(tokenizer, sft, tmp_path, server_rule="flexlora", lora_client_ranks=ranks, num_rounds=2,
+                      algorithm=algorithm, local_optimizer=None, learning_rate=None)
+    assert len(trainer.seen) == 2 * CLIENTS
+    for _, client, adapters, _ in trainer.seen:
+        for a, b in adapters.values():
+            assert torch.count_nonzero(a[ranks[client]:]) == 0 and torch.count_nonzero(b[:, ranks[client]:]) == 0
+    assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in trainer.federated_history)
