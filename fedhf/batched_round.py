@@ -38,6 +38,8 @@ def check_batched_clients(trainer) -> None:
 
     trainable_linears(trainer.model)  # raises naming the modules that cannot be stacked
     problems = []
+    if trainer.sharing.preset == "rolora" or trainer.algorithm.server_rule.aggregator.freezes_lora_a:
+        problems.append("a LoRA factor frozen on the clients (`parameter_sharing='rolora'`, `server_rule='fedsvd'`)")
     if PERSONAL in trainer.sharing_roles.values():
         problems.append("personal tensors (`parameter_sharing`: each client would need its own copy loaded)")
     if federated_buffers(trainer.model):

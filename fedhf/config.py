@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from transformers import TrainingArguments
@@ -128,6 +128,11 @@ class FederatedConfig(TrainingArguments):
         default=0.0,
         metadata={"help": "Hold out this fraction of each client's rows (seeded, at least 1) as that client's own "
                           "evaluation set, never trained on: FederatedTrainer.client_eval_partitions."})
+    personalized_eval: bool = field(
+        default=False,
+        metadata={"help": "At every evaluated round, also evaluate each client's own model (global + its personal "
+                          "tensors) on its held-out rows (needs client_eval_fraction > 0) and log the mean, the "
+                          "worst client and the std over clients as personal_eval_* (fedhf/personal_eval.py)."})
     # --- the algorithm: a name, or any of its four axes replaced ---
     algorithm: str = field(default="fedavg", metadata={"help": "Named algorithm; see fedhf.algorithms.list_algorithms()."})
     algorithm_kwargs: Optional[Union[dict, str]] = field(
@@ -153,10 +158,16 @@ class FederatedConfig(TrainingArguments):
     parameter_sharing: str = field(
         default="all", metadata={"help": "Which trainable tensors are shared, personal (kept per client) or frozen: "
                                          "all, fedsa (LoRA B personal), ffa (LoRA A frozen at a seeded init), "
-                                         "personal_head, personal_norm (fedhf/sharing.py)."})
+                                         "personal_head, personal_norm, rolora (LoRA A and B trained in alternate "
+                                         "rounds) (fedhf/sharing.py)."})
     parameter_sharing_kwargs: Optional[Union[dict, str]] = field(
         default=None, metadata={"help": 'Name patterns (regular expressions) overriding the preset: '
                                         '{"personal": [...], "frozen": [...], "shared": [...]}.'})
+    lora_client_ranks: Optional[List[int]] = field(
+        default=None,
+        metadata={"help": "Heterogeneous LoRA ranks, one per client: client i trains the first r_i rank components of "
+                          "the global adapter (the rest zeroed). Needs a product rule (flexlora, flora, fedex_lora, "
+                          "fedsvd); see fedhf/lora_ranks.py."})
     drift_spectral: bool = field(
         default=False,
         metadata={"help": "Also log FedPAC's layer-wise spectral drift mean_i ||Theta_i - Thetabar||_2 per Theta "
@@ -241,6 +252,12 @@ class FederatedConfig(TrainingArguments):
              "'iid'/'dirichlet'"),
             (0 <= self.client_eval_fraction < 1,
              f"`client_eval_fraction` must be in [0, 1) (got {self.client_eval_fraction}); e.g. 0.1"),
+            (not self.personalized_eval or self.client_eval_fraction > 0,
+             "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is 0: "
+             "set client_eval_fraction (e.g. 0.1) or personalized_eval=False"),
+            (self.lora_client_ranks is None or (len(self.lora_client_ranks) == self.num_clients
+                                                and all(int(r) >= 1 for r in self.lora_client_ranks)),
+             f"`lora_client_ranks` needs one rank >= 1 per client ({self.num_clients}), got {self.lora_client_ranks}"),
             (self.client_weighting in CLIENT_WEIGHTINGS, f"`client_weighting` must be one of {CLIENT_WEIGHTINGS}"),
             (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
             (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),

@@ -22,6 +22,8 @@ drift metrics and byte counts never see the others. Presets (``parameter_sharing
                    (Arivazhagan et al. 2019, arXiv:1912.00818) / FedRep-style (Collins et al., ICML 2021).
 ``personal_norm``  normalisation layers (weights and running statistics) personal: FedBN (Li et al., ICLR 2021,
                    arXiv:2102.07623).
+``rolora``         A and B shared, trained in alternate rounds (B in even rounds, A in odd ones): RoLoRA (Chen et
+                   al., NeurIPS 2025, arXiv:2502.01755); see :mod:`fedhf.alternating`.
 =================  ==========================================================================================
 
 ``parameter_sharing_kwargs`` = ``{"personal": [regex, ...], "frozen": [...], "shared": [...]}`` sets the role of
@@ -38,6 +40,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
+from .alternating import ROLORA, AlternatingFactors, check_alternating
 from .lora import HEAD, LORA_A, LORA_B, NORM, lora_layers, role_of, seeded_lora_a
 from .params import TensorDict, federated_buffers, load_into, snapshot, trainable_parameters
 from .state.store import ClientStateStore
@@ -50,6 +53,7 @@ PRESETS: Dict[str, Dict[str, str]] = {
     "ffa": {LORA_A: FROZEN},
     "personal_head": {HEAD: PERSONAL},
     "personal_norm": {NORM: PERSONAL},
+    ROLORA: {},  # every tensor shared; which LoRA factor trains alternates by round (fedhf/alternating.py)
 }
 STORE_NAME = "personal"  # the client store entry holding a client's personal tensors
 
@@ -112,7 +116,7 @@ class SharingPlan:
     seed), the shared parameters and buffers the trainer federates, and the live personal tensors."""
 
     def __init__(self, sharing: ParameterSharing, roles: Mapping[str, str], model: torch.nn.Module,
-                 seed: int) -> None:
+                 seed: int, freeze_lora_a: bool = False) -> None:
         live = dict(model.named_parameters())
         frozen = sorted(n for n, r in roles.items() if r == FROZEN)
         with torch.no_grad():
@@ -127,11 +131,16 @@ class SharingPlan:
         self.personal = {**{n: live[n] for n, r in roles.items() if r == PERSONAL}, **personal_buffers}
         self._personal_params = {n: t for n, t in self.personal.items() if isinstance(t, torch.nn.Parameter)}
         self.frozen = frozen
+        # RoLoRA alternates the trained factor; a server rule that sets A itself (FedSVD) freezes A on clients.
+        self.alternating = (AlternatingFactors(self.params) if sharing.preset == ROLORA else
+                            AlternatingFactors(self.params, alternate=False) if freeze_lora_a else None)
 
     def trained(self, shared: Optional[Dict[str, torch.nn.Parameter]] = None) -> Dict[str, torch.nn.Parameter]:
         """What the local optimizer steps: the client's shared parameters (default: the resident ones; a batched
         client's own copy otherwise) and the personal parameters (buffers are not trained)."""
         shared = self.params if shared is None else shared
+        if self.alternating is not None:  # RoLoRA: this round's frozen factor is not trained
+            shared = self.alternating.trained(shared)
         # Called on every local step (clipping): no new dict in the common case of nothing personal.
         return {**shared, **self._personal_params} if self._personal_params else shared
 
@@ -142,6 +151,26 @@ class SharingPlan:
     def keep_personal(self, store: ClientStateStore, client_id: int) -> None:
         if self.personal:
             store.put(client_id, STORE_NAME, snapshot(self.personal))
+
+    # RoLoRA's round (fedhf/alternating.py); without it, nothing changes from round to round.
+    def begin_round(self, round_index: int) -> None:
+        if self.alternating is not None:
+            self.alternating.begin_round(round_index)
+
+    def end_round(self) -> None:
+        if self.alternating is not None:
+            self.alternating.end_round()
+
+    def sent_bytes(self, delta: TensorDict) -> Optional[int]:
+        """Uplink bytes of the model change (None: all of it, Message's default)."""
+        return None if self.alternating is None else self.alternating.sent_bytes(delta)
+
+    def theta_target(self, optimizer):
+        """What the state sync imports Theta into: the optimizer (RoLoRA: without the frozen factor's entries)."""
+        return optimizer if self.alternating is None else self.alternating.without_frozen(optimizer)
+
+    def hold_frozen(self, new_params: TensorDict, old_params: TensorDict) -> TensorDict:
+        return new_params if self.alternating is None else self.alternating.hold(new_params, old_params)
 
     def shared_theta(self, theta: TensorDict) -> TensorDict:
         """Theta without the entries of personal parameters (their optimizer state is never synced)."""
@@ -155,6 +184,8 @@ def sharing_roles(sharing: ParameterSharing, model: torch.nn.Module, algorithm) 
         raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` mixes every preconditioned layer on the "
                          f"server, but `parameter_sharing` keeps some of them personal; use parameter_sharing='all' "
                          "or another server_rule.")
+    if sharing.preset == ROLORA:
+        check_alternating([n for n, r in roles.items() if r == SHARED], algorithm.server_rule)
     lora = [n for n in roles if role_of(n) in (LORA_A, LORA_B)]
     if algorithm.server_rule.aggregator.needs_lora_pairs:
         lora_layers(model)  # refuses DoRA, fan_in_fan_out and LoRA on embeddings

@@ -42,6 +42,8 @@ from .context import ClientContext, ServerContext
 from .data import given_split, save_partition_report, split_dataset
 from .data.checks import check_datasets, check_not_streaming
 from .batched_round import BatchedRound, check_batched_clients
+from .personal_eval import PersonalEvaluation, check_personal_eval
+from .lora_ranks import ClientRanks, check_client_ranks
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
@@ -65,7 +67,7 @@ from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, shoul
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Trainer):
+class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, PersonalEvaluation, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -95,6 +97,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
             )
         # the process map and the round's all-reduce count the same processes
         self.world = process_world(args, args.client_parallel)
+        check_personal_eval(args, self.world.size)
         check_quantised_layers(self.model)
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
@@ -102,6 +105,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
         self.algorithm = args.build_algorithm()
         self.sharing = args.build_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
+        check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm.server_rule,
+                           args.batched_clients)
         self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base,  # FedEx-LoRA, FLoRA
                                   args.load_best_model_at_end)
         check_batched_clients(self)
@@ -143,8 +148,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
         # NEFTune (Jain et al. 2023, arXiv:2310.05914): Trainer attaches its embedding-noise hook in its own loop.
         neftune = activate_neftune(self.model, args.neftune_noise_alpha) if args.neftune_noise_alpha else None
         destroy_process_group_at_exit()
-        self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed)  # shared/personal/frozen
+        self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed,  # shared/personal/frozen
+                                self.algorithm.server_rule.aggregator.freezes_lora_a)  # FedSVD: A is the server's
         params, buffers = self.plan.params, self.plan.buffers  # only the shared part is federated
+        self.client_ranks = ClientRanks(args.lora_client_ranks, params) if args.lora_client_ranks else None
         if checkpoint is None:
             run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server_rule.init(snapshot(params)),
                            self.algorithm.correction.server_init(snapshot(params)), sync_state={},
@@ -170,7 +177,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
         best = BestRound(args)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and self.eval_dataset is not None and checkpoint is None:
-            self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval)})
+            self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval),
+                          **self._personal_metrics(run, 0)})
 
         guard = ExclusionGuard(args.max_excluded_rounds)
         while run.rounds_done < args.num_rounds and not self.control.should_training_stop:
@@ -184,6 +192,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
             if should_evaluate(args, run.rounds_done, self.eval_dataset is not None):
                 entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
                 best.after_evaluate(self.state, entry, params, buffers)
+            entry.update(self._personal_metrics(run, run.rounds_done))  # personalized_eval: fedhf/personal_eval.py
             self._record(entry)
             if args.save_every_rounds and run.rounds_done % args.save_every_rounds == 0:
                 self._save_checkpoint(run)
@@ -210,6 +219,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
         clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
         sums = RoundSums()
+        self.plan.begin_round(r)  # RoLoRA: this round's frozen LoRA factor
         self._round_thetas = []  # (w_i, Theta_i) of this process's clients, for the spectral drift only
         downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
                                                            run.correction_state, run.sync_state))
@@ -246,8 +256,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
                                                                  replace(server_ctx, sums=sums.within("correction")))
             run.sync_state = algo.state_sync.server_update(run.sync_state,
                                                            replace(server_ctx, sums=sums.within("sync")))
+            previous = run.global_params
             run.global_params, run.server_state = algo.server_rule.apply(
                 run.global_params, run.server_state, replace(server_ctx, sums=sums.within("server")))
+            run.global_params = self.plan.hold_frozen(run.global_params, previous)  # RoLoRA's frozen factor
             if algo.server_rule.folds_into_base:  # FedEx-LoRA: the product residual into the frozen base weights
                 run.base_params = self.base_fold.fold(run.base_params, algo.server_rule.base_residual(
                     run.global_params, replace(server_ctx, sums=sums.within("server"))))
@@ -258,6 +270,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
         load_into(self.plan.personal, run.personal_init)  # the global model: shared parts + initial personal ones
+        self.plan.end_round()
         self.base_fold.load(run.base_params)
         theta_sums = sums.within("sync")
         spectral = spectral_drift(self._round_thetas, theta_sums, total_weight) if args.drift_spectral else None
@@ -284,13 +297,15 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
         """The client's correction, seeded streams and optimizer (with its state-sync warm start and the
         model-aware part of its round: ``access``, by default :meth:`_model_access`)."""
         algo = self.algorithm
+        if self.client_ranks is not None:  # lora_client_ranks: this client's first r_i components only
+            self.client_ranks.truncate(ctx.client_id)
         algo.correction.client_begin(ctx)
         torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
         # Train mode before anything runs the model: curvature hooks run before training_step (which would set
         # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
         self.model.train()
         optimizer = algo.local_optimizer.build(self.plan.trained(ctx.params), ctx.local_lr)  # shared + personal
-        algo.state_sync.client_begin(ctx, optimizer)
+        algo.state_sync.client_begin(ctx, self.plan.theta_target(optimizer))  # RoLoRA: the trained factor's Theta
         optimizer.attach(access or self._model_access(ctx))
         return optimizer
 
@@ -306,7 +321,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
             sums.add("excluded", 1.0)
             return
         self.plan.keep_personal(self.client_store, ctx.client_id)
-        own = Message().put("dx", delta, scale=ctx.weight)  # the trainer's own message: un-namespaced keys
+        own = Message().put("dx", delta, scale=ctx.weight,  # the trainer's own message: un-namespaced keys
+                            nbytes=self.plan.sent_bytes(delta))  # RoLoRA: the frozen factor's zeros are not sent
         if algo.server_rule.gathers:
             sums.gather(ctx.client_id, delta)
         if buffers:
@@ -350,6 +366,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Tra
         self.algorithm.correction.before_step(ctx)
         optimizer.step()
         self.algorithm.correction.after_step(ctx)
+        if self.client_ranks is not None:  # nothing revives the components beyond the client's rank
+            self.client_ranks.truncate(ctx.client_id)
         optimizer.zero_grad(set_to_none=True)
 
     def _accumulate(self, micro_batches: List[dict]) -> torch.Tensor:

@@ -55,7 +55,8 @@ class GlobalMix(Correction):
         if self.position != "after" or self.beta == 0:
             return
         for name, p in ctx.params.items():
-            p.add_(ctx.correction_state[f"g.{name}"].to(p.dtype), alpha=-self.beta * ctx.round_lr)
+            if p.requires_grad:  # a tensor frozen this round (RoLoRA's other factor) is not stepped
+                p.add_(ctx.correction_state[f"g.{name}"].to(p.dtype), alpha=-self.beta * ctx.round_lr)
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         scale = -1.0 / (ctx.local_steps * ctx.round_lr)

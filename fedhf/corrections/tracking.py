@@ -96,7 +96,8 @@ class ParameterTracking(Correction):
         if self.position != "after":
             return
         for name, p in ctx.params.items():
-            p.add_(ctx.scratch["shift"][name].to(p.dtype), alpha=-ctx.local_lr)
+            if p.requires_grad:  # a tensor frozen this round (RoLoRA's other factor) is not stepped
+                p.add_(ctx.scratch["shift"][name].to(p.dtype), alpha=-ctx.local_lr)
 
     @torch.no_grad()
     def client_end(self, ctx: ClientContext) -> Message:

@@ -16,7 +16,7 @@ from ..registry import Registry
 from .adaptive import AdaptiveServer
 from .base import Aggregator, ServerRule, ServerTransform
 from .covariance import CovarianceServer
-from .lora import FedExLoRA, FLoRA, FlexLoRA
+from .lora import FedExLoRA, FedSVD, FLoRA, FlexLoRA
 from .mean import Mean, Step
 from .momentum import ServerMomentum
 from .preconditioned_mix import PreconditionedMix
@@ -28,6 +28,7 @@ AGGREGATORS.register("preconditioned_mix")(PreconditionedMix)
 AGGREGATORS.register("fedex_lora")(FedExLoRA)  # LoRA: exact product aggregation, residual folded into the base
 AGGREGATORS.register("flora")(FLoRA)  # LoRA: stacking, merged into the base, fresh adapters
 AGGREGATORS.register("flexlora")(FlexLoRA)  # LoRA: SVD of the mean product, re-factorised to rank r
+AGGREGATORS.register("fedsvd")(FedSVD)  # LoRA: clients train B only; B A re-factorised, A orthonormal
 for _kind in ("median", "trimmed_mean"):  # these gather the individual updates instead of summing them
     AGGREGATORS.register(_kind)(partial(RobustAggregator, _kind))
 
@@ -54,7 +55,7 @@ SERVER_RULES: Registry = Registry("server rule", "server_rule")
 SERVER_RULES.register("mean")(_named("mean", "lr"))
 for _kind in ("momentum", "adam", "yogi", "adagrad", "prefedopt"):
     SERVER_RULES.register(_kind)(_named("mean", _kind))
-for _kind in ("fedex_lora", "flora", "flexlora"):
+for _kind in ("fedex_lora", "flora", "flexlora", "fedsvd"):
     SERVER_RULES.register(_kind)(_named(_kind, "lr"))
 SERVER_RULES.register("preconditioned_mix")(_named("preconditioned_mix", "lr", ("mix_lora",)))
 for _kind in ("median", "trimmed_mean"):
@@ -82,6 +83,6 @@ def build_server_rule(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> 
 
 
 __all__ = ["AGGREGATORS", "SERVER_RULES", "SERVER_TRANSFORMS", "AdaptiveServer", "Aggregator", "CovarianceServer",
-           "FedExLoRA", "FLoRA", "FlexLoRA",
+           "FedExLoRA", "FedSVD", "FLoRA", "FlexLoRA",
            "Mean", "PreconditionedMix", "RobustAggregator", "ServerMomentum", "ServerRule", "ServerTransform", "Step",
            "build_server_rule"]

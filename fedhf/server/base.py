@@ -32,6 +32,8 @@ class Aggregator(ABC):
     folds_into_base = False
     #: Aggregates LoRA products B_i A_i (fedhf/server/lora.py): every LoRA A and B must be shared.
     needs_lora_pairs = False
+    #: Clients train only LoRA B; A is frozen on every client and set by the server alone (FedSVD).
+    freezes_lora_a = False
 
     def client_end(self, ctx: ClientContext, optimizer) -> Message:
         """The client half: what this aggregator needs beyond the model change. Nothing by default."""

@@ -11,6 +11,13 @@
   M = U S V^T, to the adapter's rank r: B = U_r S_r^(1/2), A = S_r^(1/2) V_r^T (the rows of V^T, not of V as
   FedLLM-Factory's FedSVD takes). Exact when r >= rank M (e.g. full-rank adapters); otherwise the best rank-r
   approximation, with nothing folded into the base. Clients share one rank here (heterogeneous ranks: not built).
+* ``fedsvd``: FedSVD (Lee et al., NeurIPS 2025, "FedSVD: Adaptive Orthogonalization for Private Federated Learning
+  with LoRA", arXiv:2505.12805): clients train and send only B (A is frozen on every client, as in FFA-LoRA, but
+  not fixed); the server averages B and re-factorises the product with the previous A by SVD,
+  Bbar A = U S V^T, to A' = V_r^T (orthonormal rows: the first r rows of V^T, not of V) and B' = U_r S_r. As
+  rank(Bbar A) <= r this is exact, B' A' = Bbar A = sum_i p_i B_i A, so the global effective weight is the mean of
+  the clients'; nothing is folded into the base, and the upload is dB alone (the authors' code, seanie12/fed-svd,
+  refactorises every ``recalculate_svd_period`` rounds; here every round).
 
 Averaging A and B separately is not averaging the clients' updates: mean_i B_i A_i != Bbar Abar. FedEx-LoRA keeps
 the averaged adapter and folds the difference into the frozen base weight of each adapted layer,
@@ -100,4 +107,22 @@ class FlexLoRA(ProductAggregator):
             r, root = x[a].shape[0], S[: x[a].shape[0]].sqrt()
             direction[b] = (U[:, :r] * root).to(x[b].dtype) - x[b]
             direction[a] = (root[:, None] * Vh[:r]).to(x[a].dtype) - x[a]
+        return direction
+
+
+class FedSVD(Aggregator):
+    """B averaged, then B A re-factorised by SVD: A gets the orthonormal right singular vectors, B the rest."""
+
+    name = "fedsvd"
+    needs_lora_pairs = True
+    freezes_lora_a = True  # the trainer's sharing plan keeps A out of every client's training
+
+    def aggregate(self, ctx: ServerContext) -> TensorDict:
+        direction, x = dict(ctx.mean_delta), ctx.global_params
+        for a, b in lora_pairs(x).items():
+            product = (x[b].double() + ctx.mean_delta[b].double()) @ x[a].double()  # Bbar A, (out x in)
+            U, S, Vh = torch.linalg.svd(product, full_matrices=False)
+            r = x[a].shape[0]
+            direction[b] = (U[:, :r] * S[:r]).to(x[b].dtype) - x[b]
+            direction[a] = Vh[:r].to(x[a].dtype) - x[a]
         return direction

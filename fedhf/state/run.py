@@ -18,10 +18,12 @@ from .checkpoint import PREFIX, latest_checkpoint
 FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
                       "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
                       "per_device_train_batch_size", "max_grad_norm", "partition_key", "partition_key_buckets",
-                      "quantity_skew", "client_eval_fraction", "parameter_sharing", "parameter_sharing_kwargs")
+                      "quantity_skew", "client_eval_fraction", "parameter_sharing", "parameter_sharing_kwargs",
+                      "lora_client_ranks")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
-                "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None}
+                "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None,
+                "lora_client_ranks": None}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params")

@@ -15,7 +15,7 @@ from fedhf.server import AGGREGATORS, SERVER_TRANSFORMS
 
 TRANSFORMS = {"lr": {}, "momentum": {"beta": 0.5}, "adam": {}, "yogi": {}, "adagrad": {}, "prefedopt": {}}
 AGGREGATOR_CASES = {"mean": {}, "median": {}, "trimmed_mean": {"trim_fraction": 0.25}, "preconditioned_mix": {},
-                    "fedex_lora": {}, "flora": {}, "flexlora": {}}
+                    "fedex_lora": {}, "flora": {}, "flexlora": {}, "fedsvd": {}}
 
 
 def test_every_registered_component_is_in_a_conformance_list():

@@ -43,6 +43,8 @@ class Recording(FederatedTrainer):
     def _local_steps(self, ctx, optimizer):
         loss = super()._local_steps(ctx, optimizer)
         self.clients = getattr(self, "clients", []) + [(ctx.round, effective_weights(self.model))]
+        a_after = {layer.a: self.plan.params[layer.a].detach().clone() for layer in lora_layers(self.model).values()}
+        self.a_seen = getattr(self, "a_seen", []) + [(ctx.round, a_after)]
         return loss
 
 
@@ -69,8 +71,8 @@ def gap_to_client_mean(model, trainer):
     return max((glob[n] - mean[n]).abs().max().item() for n in mean)
 
 
-# FlexLoRA is exact at full rank: r = 64 = min(out, in) of every adapted layer.
-@pytest.mark.parametrize("rule,rank", [("fedex_lora", 4), ("flora", 4), ("flexlora", 64)])
+# FlexLoRA is exact at full rank: r = 64 = min(out, in) of every adapted layer; FedSVD at any rank (A is common).
+@pytest.mark.parametrize("rule,rank", [("fedex_lora", 4), ("flora", 4), ("flexlora", 64), ("fedsvd", 4)])
 def test_global_effective_weight_is_the_mean_of_the_clients(tokenizer, sft, tmp_path, rule, rank):
     model, trainer, _ = run(tokenizer, sft, tmp_path / rule, rank=rank, server_rule=rule)
     assert all(m.get_base_layer().weight.shape[0] != m.get_base_layer().weight.shape[1]
@@ -105,11 +107,12 @@ def test_fedex_resume_restores_the_folded_base_weights(tokenizer, sft, tmp_path)
     assert all(torch.equal(p, reference[n]) for n, p in resumed.named_parameters())
 
 
-@pytest.mark.parametrize("algorithm", ["fedpac_muon", "fadam_gt"])
-@pytest.mark.parametrize("rule", ["fedex_lora", "flora", "flexlora"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedpac_muon", "fadam_gt"])
+@pytest.mark.parametrize("rule", ["fedex_lora", "flora", "flexlora", "fedsvd"])
 def test_lora_rules_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm, rule):
+    fedavg = {"local_optimizer": "adamw", "learning_rate": 1e-2} if algorithm == "fedavg" else {}
     model, trainer, output = run(tokenizer, sft, tmp_path, rounds=2, algorithm=algorithm, server_rule=rule,
-                                 local_optimizer=None, learning_rate=None)
+                                 **{"local_optimizer": None, "learning_rate": None, **fedavg})
     assert output.metrics["rounds"] == 2 and torch.isfinite(torch.tensor(output.metrics["train_loss"]))
     if rule == "flexlora":  # rank 4 < rank of the mean product: the best rank-4 approximation, not exact
         return
@@ -117,3 +120,18 @@ def test_lora_rules_compose_with_second_order_algorithms(tokenizer, sft, tmp_pat
     mean = {n: sum(c[n] for c in clients) / len(clients) for n in clients[0]}
     glob = effective_weights(model)
     assert max((glob[n] - mean[n]).abs().max().item() for n in mean) < 1e-5
+
+
+def test_fedsvd_clients_train_only_b_and_the_server_makes_a_orthonormal(tokenizer, sft, tmp_path):
+    model, trainer, output = run(tokenizer, sft, tmp_path, rounds=2, server_rule="fedsvd")
+    layers, live = lora_layers(model).values(), dict(model.named_parameters())
+    for layer in layers:  # A' = the first r rows of V^T: orthonormal rows
+        a = live[layer.a].detach().double()
+        torch.testing.assert_close(a @ a.T, torch.eye(a.shape[0], dtype=torch.float64), atol=1e-5, rtol=0)
+    # A is never trained: after its local steps every client of a round holds that round's global A
+    first = {r: seen for r, seen in reversed(trainer.a_seen)}
+    assert len(trainer.a_seen) == 2 * CLIENTS
+    assert all(torch.equal(seen[n], first[r][n]) for r, seen in trainer.a_seen for n in seen)
+    assert not any(torch.equal(first[0][n], first[1][n]) for n in first[0])  # the server re-factorised it
+    b_bytes = sum(live[layer.b].numel() * 4 for layer in layers)
+    assert output.metrics["uplink_MB"] * 2**20 == 2 * CLIENTS * b_bytes  # dB only: no dA, no product

@@ -1,0 +1,72 @@
+"""Heterogeneous LoRA ranks per client (``lora_client_ranks=[r_1, ..., r_N]``), as FlexLoRA (Bai et al., NeurIPS
+2024, arXiv:2402.11505) and FLoRA (Wang et al., NeurIPS 2024, arXiv:2409.05976) use them: client i, with fewer
+resources, trains a rank-r_i adapter.
+
+The design (one resident model, one global rank-r adapter): client i trains the first r_i rank components of the
+global adapter, A[:r_i, :] and B[:, :r_i]; the rest is zeroed when it starts and again after every local step
+(after the correction's hooks, so no optimizer or correction can revive it). Its adapter B_i A_i therefore has
+rank <= r_i. The product rules then aggregate the products, which is what makes mixed ranks meaningful:
+
+* FlexLoRA re-factorises the mean product M = U S V^T to the global rank r with B = U_r S_r^(1/2),
+  A = S_r^(1/2) V_r^T, components ordered by singular value; client i's truncation to the first r_i of them is
+  B_i A_i = U_{r_i} S_{r_i} V_{r_i}^T, the best rank-r_i approximation of M: FlexLoRA's per-client
+  re-factorisation to each client's rank.
+* FLoRA stacks the clients' adapters of any ranks: sum_i p_i B_i A_i is merged into the base, so the global
+  effective weight stays the exact mean of the clients' (tested).
+* FedEx-LoRA and FedSVD also aggregate exactly from the products; averaging A and B separately (``mean``) would
+  average zeros into the components a client lacks, so it is refused.
+
+With every r_i = r nothing is truncated: the run is the one without the setting, bit for bit (tested). The
+uplink still counts the rank-r tensors (an upper bound: a rank-r_i client would send r_i rows/columns).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from .lora import lora_pairs
+
+
+def check_client_ranks(ranks: Optional[Sequence[int]], params: Dict[str, torch.nn.Parameter], server_rule,
+                       batched_clients: int) -> None:
+    """Refused before work: ranks above the adapter's, a rule that averages A and B, batched clients."""
+    if ranks is None:
+        return
+    pairs = lora_pairs(params)
+    if not pairs:
+        raise ValueError("`lora_client_ranks` truncates LoRA adapters, but the model has no shared LoRA A/B: apply "
+                         "a peft LoRA adapter, or leave lora_client_ranks unset.")
+    rank = min(params[a].shape[0] for a in pairs)
+    if max(ranks) > rank:
+        raise ValueError(f"`lora_client_ranks` asks for rank {max(ranks)}, above the adapter's rank {rank}: a "
+                         f"client trains the first r_i components of the global adapter; use ranks <= {rank} or "
+                         "a larger LoraConfig(r=...).")
+    if not server_rule.aggregator.needs_lora_pairs:
+        raise ValueError(f"`lora_client_ranks` needs a rule that aggregates the clients' products (flexlora, "
+                         f"flora, fedex_lora, fedsvd); `server_rule={server_rule.name!r}` averages A and B, which "
+                         "would average zeros into the components a client lacks.")
+    if batched_clients > 1:
+        raise ValueError(f"`batched_clients={batched_clients}` trains clients together, but `lora_client_ranks` "
+                         "truncates each client's adapter differently; set batched_clients=1.")
+
+
+class ClientRanks:
+    """Zeroes the components beyond a client's rank in the resident adapter."""
+
+    def __init__(self, ranks: Sequence[int], params: Dict[str, torch.nn.Parameter]) -> None:
+        self.ranks = [int(r) for r in ranks]
+        self.pairs = {params[a]: params[b] for a, b in lora_pairs(params).items()}
+
+    def rank_of(self, client_id: int) -> int:
+        return self.ranks[client_id]
+
+    @torch.no_grad()
+    def truncate(self, client_id: int) -> None:
+        """A[r_i:, :] = 0 and B[:, r_i:] = 0 on every adapted layer (nothing when r_i is the adapter's rank)."""
+        r = self.ranks[client_id]
+        for a, b in self.pairs.items():
+            if r < a.shape[0]:
+                a[r:].zero_()
+                b[:, r:].zero_()

@@ -1,0 +1,110 @@
+"""Heterogeneous LoRA ranks per client (fedhf/lora_ranks.py) on a real peft LoRA Llama with non-square layers:
+equal ranks change nothing (bit for bit), and with mixed ranks each client's adapter B_i A_i has rank <= r_i while
+FLoRA's global effective weight stays the exact mean of the clients'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhf import FederatedTrainer
+from fedhf.data.sft import SFTCollator
+from fedhf.lora import lora_layers
+
+from .helpers import config, tweet_sft
+from .server.test_lora import CLIENTS, effective_weights, lora_llama
+
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def sft(tokenizer):
+    return tweet_sft(tokenizer, n_train=48, n_test=8, max_length=24)
+
+
+class Recording(FederatedTrainer):
+    """Each client's A, B and effective weights after its local steps."""
+
+    def _local_steps(self, ctx, optimizer):
+        loss = super()._local_steps(ctx, optimizer)
+        live = dict(self.model.named_parameters())
+        adapters = {layer.a: (live[layer.a].detach().clone(), live[layer.b].detach().clone())
+                    for layer in lora_layers(self.model).values()}
+        self.seen = getattr(self, "seen", []) + [(ctx.round, ctx.client_id, adapters, effective_weights(self.model))]
+        return loss
+
+
+def _run(tokenizer, sft, tmp_path, **kw):
+    model = lora_llama(len(tokenizer), RANK)
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, local_steps=3,
+                  per_device_train_batch_size=4, partition="iid", partition_report=False,
+                  **{"num_rounds": 1, "local_optimizer": "adamw", "learning_rate": 1e-2, **kw})
+    trainer = Recording(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+    trainer.train()
+    return model, trainer
+
+
+def test_equal_ranks_are_todays_flexlora_bit_for_bit(tokenizer, sft, tmp_path):
+    plain, _ = _run(tokenizer, sft, tmp_path / "plain", server_rule="flexlora")
+    ranked, _ = _run(tokenizer, sft, tmp_path / "ranked", server_rule="flexlora", lora_client_ranks=[RANK] * CLIENTS)
+    theirs = dict(plain.named_parameters())
+    assert all(torch.equal(p, theirs[n]) for n, p in ranked.named_parameters())
+
+
+@pytest.mark.parametrize("rule", ["flexlora", "flora"])
+def test_mixed_ranks_give_each_client_an_adapter_of_its_rank(tokenizer, sft, tmp_path, rule):
+    ranks = [1, 2, RANK]
+    model, trainer = _run(tokenizer, sft, tmp_path, server_rule=rule, lora_client_ranks=ranks)
+    assert len(trainer.seen) == CLIENTS
+    for _, client, adapters, _ in trainer.seen:
+        r = ranks[client]
+        for a, b in adapters.values():
+            assert torch.count_nonzero(a[r:]) == 0 and torch.count_nonzero(b[:, r:]) == 0
+            assert torch.count_nonzero(b[:, :r]) > 0  # the client's own components did train
+            assert torch.linalg.matrix_rank(b.double() @ a.double()) <= r
+    if rule == "flora":  # stacking mixed ranks keeps the global effective weight the exact mean of the clients'
+        clients = [w for _, _, _, w in trainer.seen]
+        mean = {n: sum(c[n] for c in clients) / len(clients) for n in clients[0]}
+        glob = effective_weights(model)
+        assert max((glob[n] - mean[n]).abs().max().item() for n in mean) < 1e-5
+
+
+def test_personalised_evaluation_of_a_client_uses_its_rank(tokenizer, sft, tmp_path):
+    ranks = [1, 2, RANK]
+    # FlexLoRA: the global adapter after the round is non-zero, so cutting it to a rank changes the model
+    model, trainer = _run(tokenizer, sft, tmp_path, server_rule="flexlora", lora_client_ranks=ranks,
+                          personalized_eval=True, client_eval_fraction=0.2, per_device_eval_batch_size=64)
+    live = dict(model.named_parameters())
+    pairs = [(live[layer.a], live[layer.b]) for layer in lora_layers(model).values()]
+    model.eval()
+
+    def loss_on(rows):
+        batch = SFTCollator(tokenizer)([sft["train"][int(i)] for i in rows])
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     labels=batch["labels"]).loss.item()
+
+    for client, rows in enumerate(trainer.client_eval_partitions):
+        saved = [(a.detach().clone(), b.detach().clone()) for a, b in pairs]
+        with torch.no_grad():
+            uncut = loss_on(rows)
+            for a, b in pairs:  # the global adapter cut to the client's rank, by hand
+                a[ranks[client]:].zero_()
+                b[:, ranks[client]:].zero_()
+            loss = loss_on(rows)
+            for (a, b), (a0, b0) in zip(pairs, saved):
+                a.copy_(a0)
+                b.copy_(b0)
+        assert trainer.personal_eval_per_client[client]["loss"] == pytest.approx(loss, abs=1e-5)
+        assert (abs(uncut - loss) > 1e-5) == (ranks[client] < RANK)  # the cut matters below the full rank
+
+
+@pytest.mark.parametrize("algorithm", ["fedpac_muon", "fadam_gt"])
+def test_mixed_ranks_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm):
+    ranks = [1, 2, RANK]  # FedPAC's after-step mixing and FAdamGT's tracking cannot revive the cut components
+    _, trainer = _run(tokenizer, sft, tmp_path, server_rule="flexlora", lora_client_ranks=ranks, num_rounds=2,
+                      algorithm=algorithm, local_optimizer=None, learning_rate=None)
+    assert len(trainer.seen) == 2 * CLIENTS
+    for _, client, adapters, _ in trainer.seen:
+        for a, b in adapters.values():
+            assert torch.count_nonzero(a[ranks[client]:]) == 0 and torch.count_nonzero(b[:, ranks[client]:]) == 0
+    assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in trainer.federated_history)
