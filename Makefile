@@ -49,7 +49,7 @@ benchmark-algorithms: $(STAMP)
 	$(RUN_ENV) $(PY) benchmarks/algorithms.py --budget full
 	$(RUN_ENV) $(PY) benchmarks/algorithms.py --budget full --tune --datasets digits,tweets,llm
 
-# LoRA aggregation rules (FedEx-LoRA, FLoRA, FlexLoRA, FFA-LoRA) against plain averaging, tweets and the LLM task.
+# LoRA aggregation rules (FedEx-LoRA, FLoRA, FlexLoRA, FedSVD, FFA-LoRA, RoLoRA) against plain averaging, tweets and the LLM task.
 benchmark-lora: $(STAMP)
 	$(RUN_ENV) $(PY) benchmarks/lora_federation.py --budget full
 

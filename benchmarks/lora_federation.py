@@ -7,7 +7,9 @@ how the clients' adapters are combined and what is sent (README, "LoRA federatio
 * ``server_rule=fedex_lora`` (FedEx-LoRA, arXiv:2410.09432): the mean product, exact, residual folded into the base;
 * ``server_rule=flora`` (FLoRA, arXiv:2409.05976): the mean product merged into the base, adapters restarted;
 * ``server_rule=flexlora`` (FlexLoRA, arXiv:2402.11505): the mean product re-factorised by SVD at rank r;
-* ``parameter_sharing=ffa`` (FFA-LoRA, arXiv:2403.12313): A frozen at a shared draw, only B trained and sent.
+* ``server_rule=fedsvd`` (FedSVD, arXiv:2505.12805): only B trained and sent, A refreshed orthonormal by an SVD;
+* ``parameter_sharing=ffa`` (FFA-LoRA, arXiv:2403.12313): A frozen at a shared draw, only B trained and sent;
+* ``parameter_sharing=rolora`` (RoLoRA, arXiv:2502.01755): B and A trained and sent in alternate rounds.
 
 Tasks (benchmarks/comparison_tasks.py): ``tweets`` (pretrained MiniLM-L6 + LoRA r8 on query/value, 3-class
 sentiment, Dirichlet 0.1 over 20 clients, 5 per round) and ``llm-lora`` (a small Llama built from a config, LoRA
@@ -46,7 +48,8 @@ from fedhf.metrics import write_json_atomic  # noqa: E402
 # LoRA-only adapters on a random base moved slowly at 1.0 on the quick budget.
 BASE_LR = {"tweets": 1.0, "llm-lora": 3.0}
 METHODS = {"fedavg": "", "fedex_lora": "@server_rule=fedex_lora", "flora": "@server_rule=flora",
-           "flexlora": "@server_rule=flexlora", "ffa": "@parameter_sharing=ffa"}
+           "flexlora": "@server_rule=flexlora", "fedsvd": "@server_rule=fedsvd", "ffa": "@parameter_sharing=ffa",
+           "rolora": "@parameter_sharing=rolora"}
 
 
 def label(task: str, method: str) -> str:
