@@ -1,6 +1,8 @@
 """A small federated LoRA run for test_client_parallel.py, launched with 1 or 2 processes:
 
-    torchrun --standalone --nproc_per_node 2 tests/client_parallel_run.py ALGORITHM OUT.safetensors
+    torchrun --standalone --nproc_per_node 2 tests/client_parallel_run.py OUT_DIR ALGORITHM [ALGORITHM ...]
+
+writes OUT_DIR/ALGORITHM.safetensors per algorithm (one launch for all: a launch costs ~10 s of start-up).
 
 Every process trains every client together (``client_parallel=True``): a tiny Llama with LoRA on real tweets,
 2 micro-batches of 5 rows per local step (split 3 + 2 over two processes), gradient clipping on.
@@ -26,10 +28,15 @@ from fedhf.demo_data import minilm_path  # noqa: E402
 from tests.helpers import config, tiny_llama_lora, tweet_sft  # noqa: E402
 
 
-def main(algorithm: str, out: str) -> None:
+def main(out_dir: str, algorithms) -> None:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     data = tweet_sft(tokenizer, n_train=60, n_test=4, max_length=40)
+    for algorithm in algorithms:
+        train(algorithm, os.path.join(out_dir, f"{algorithm}.safetensors"), tokenizer, data)
+
+
+def train(algorithm: str, out: str, tokenizer, data) -> None:
     model = tiny_llama_lora(len(tokenizer))
     args = config(pathlib.Path(out).with_suffix(""), algorithm=algorithm, client_parallel=True, num_clients=4,
                   clients_per_round=3, num_rounds=2, local_steps=2, per_device_train_batch_size=5,
@@ -48,4 +55,4 @@ def main(algorithm: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])

@@ -18,24 +18,36 @@ from .test_multiprocess import TORCHRUN, _launch
 SCRIPT = os.path.join(os.path.dirname(__file__), "client_parallel_run.py")
 
 
-def _run(n_processes, algorithm, out):
-    script = [SCRIPT, algorithm, str(out)]
+ALGORITHMS = ["fedavg", "scaffold", "fedpac_muon"]
+
+
+def _run(n_processes, out_dir):
+    """One launch trains every algorithm of ALGORITHMS; {algorithm: saved tensors}."""
+    out_dir.mkdir()
+    script = [SCRIPT, str(out_dir), *ALGORITHMS]
     command = [sys.executable, *script] if n_processes == 1 else [
         TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), *script]
     done = _launch(command, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-3000:])
-    assert f"world_size {n_processes}" in done.stdout
-    return load_file(str(out))
+    assert done.stdout.count(f"world_size {n_processes}") == len(ALGORITHMS)
+    return {a: load_file(str(out_dir / f"{a}.safetensors")) for a in ALGORITHMS}
 
 
-@pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed")
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedpac_muon"])
-def test_two_processes_training_each_client_together_give_the_one_process_model(tmp_path, algorithm):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The 1- and 2-process runs, launched once for all the algorithms."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not installed")
+    root = tmp_path_factory.mktemp("client_parallel")
+    return {n: _run(n, root / f"p{n}") for n in (1, 2)}
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_two_processes_training_each_client_together_give_the_one_process_model(runs, algorithm):
     """Each micro-batch of 5 rows is split 3 + 2 over the processes, 2 micro-batches per step, clipping on: the
     same LoRA adapter as one process to float rounding (measured: at most 6e-7 on entries up to 0.12), and each
     client counted once (participants, bytes)."""
-    one = _run(1, algorithm, tmp_path / "one.safetensors")
-    two = _run(2, algorithm, tmp_path / "two.safetensors")
+    one, two = runs[1][algorithm], runs[2][algorithm]
     assert float(two["history.participants"]) == float(one["history.participants"]) == 3.0  # clients_per_round
     assert float(two["history.uplink_MB"]) == float(one["history.uplink_MB"])
     assert float(two["history.downlink_MB"]) == float(one["history.downlink_MB"])
