@@ -41,6 +41,7 @@ benchmarks: $(STAMP)
 	$(RUN_ENV) $(PY) benchmarks/memory.py | tee benchmarks/memory_result.txt
 	$(RUN_ENV) $(PY) benchmarks/optimizer_cost.py | tee benchmarks/optimizer_cost_result.txt
 	$(RUN_ENV) $(PY) benchmarks/batched_clients.py | tee benchmarks/batched_clients_result.txt
+	$(RUN_ENV) $(PY) benchmarks/batched_clients.py --model minilm --seq 64 | tee benchmarks/batched_clients_minilm_result.txt
 	$(RUN_ENV) $(PY) benchmarks/memory_plan.py | tee benchmarks/memory_plan_result.txt
 
 # The algorithm comparison at the papers' defaults, then with each algorithm's lr tuned on validation rows (tweets,

@@ -9,10 +9,15 @@ Also printed: the peak memory (GPU: ``torch.cuda.max_memory_allocated``; CPU: th
 grows, so read the GPU column for memory) and the largest difference of the final adapter from the one-at-a-time
 run (the two must agree to float rounding; tests/test_batched_clients.py asserts it).
 
+``--model minilm``: the pretrained MiniLM-L6 sentence classifier instead, LoRA r16 on query/value and the 3-class
+head trained (stacked per client too), dropout off (a batched pass draws other masks than one client at a time, so
+the adapters would differ by more than rounding), tweets padded to ``--seq`` tokens, with their sentiment labels.
+
 Last line: ``batched_speedup c2=..x c4=..x ...`` (tokens/s batched over one at a time: the same tokens, so the round-time
 ratio; from one run).
 
-    python benchmarks/batched_clients.py [--clients 8 --local_steps 4 --batch 4 --seq 128 --sizes 1,2,4,8]
+    python benchmarks/batched_clients.py [--model llama|minilm] [--clients 8 --local_steps 4 --batch 4 --seq 128
+                                         --sizes 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -31,11 +36,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llm import blocks  # noqa: E402  (benchmarks/llm.py: the same data)
 
 
-def build(directory: str, tokenizer, hidden: int, layers: int, device: str):
+def build(directory: str, tokenizer, hidden: int, layers: int, device: str, kind: str = "llama"):
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, LlamaForCausalLM
 
+    if kind == "minilm":
+        from fedhf.demo_data import minilm_path
+
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(  # no dropout: a batched pass
+            minilm_path(), num_labels=3, hidden_dropout_prob=0.0,  # draws other masks than sequential clients
+            attention_probs_dropout_prob=0.0).to(device)
+        return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                target_modules=["query", "value"], task_type="SEQ_CLS"))
     if not os.path.isfile(os.path.join(directory, "config.json")):
         torch.manual_seed(0)
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
@@ -47,6 +61,15 @@ def build(directory: str, tokenizer, hidden: int, layers: int, device: str):
     torch.manual_seed(0)
     return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
                                             task_type="CAUSAL_LM"))
+
+
+def labelled_tweets(tokenizer, seq: int, rows: int):
+    """``rows`` bundled tweets padded to ``seq`` tokens, with their sentiment labels (MiniLM's data)."""
+    from fedhf.demo_data import load_tweets
+
+    tweets = load_tweets()["train"].select(range(rows))
+    return tweets.map(lambda b: tokenizer(b["text"], truncation=True, max_length=seq, padding="max_length"),
+                      batched=True, remove_columns=["text"]).with_format("torch")
 
 
 def run(batched: int, opts, model_dir: str, tokenizer, data, device: str) -> dict:
@@ -68,7 +91,7 @@ def run(batched: int, opts, model_dir: str, tokenizer, data, device: str) -> dic
                 torch.cuda.synchronize()
             rounds.append(time.perf_counter() - self.begin)
 
-    model = build(model_dir, tokenizer, opts.hidden, opts.layers, device)
+    model = build(model_dir, tokenizer, opts.hidden, opts.layers, device, opts.model)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as out:
@@ -88,6 +111,7 @@ def run(batched: int, opts, model_dir: str, tokenizer, data, device: str) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("llama", "minilm"), default="llama")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--local_steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
@@ -105,7 +129,8 @@ def main() -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    data = blocks(tokenizer, opts.seq, opts.clients * 16)
+    data = (blocks(tokenizer, opts.seq, opts.clients * 16) if opts.model == "llama"
+            else labelled_tweets(tokenizer, opts.seq, opts.clients * 16))
     sizes = [int(s) for s in opts.sizes.split(",")]
     if sizes[0] != 1:
         parser.error("--sizes must start with 1 (the one-at-a-time reference)")
@@ -120,7 +145,8 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
     print(f"device={name} threads={torch.get_num_threads()} python={platform.python_version()} "
           f"clients={opts.clients} local_steps={opts.local_steps} batch={opts.batch} seq={opts.seq} "
-          f"hidden={opts.hidden} layers={opts.layers} best of {opts.rounds} rounds")
+          + (f"hidden={opts.hidden} layers={opts.layers}" if opts.model == "llama" else "model=MiniLM-L6 LoRA + head")
+          + f" best of {opts.rounds} rounds")
     print("batched_speedup " + " ".join(f"c{s}={results[1]['seconds'] / results[s]['seconds']:.2f}x"
                                                 for s in sizes[1:]))
 

@@ -1,6 +1,9 @@
 """A small federated run used by test_multiprocess.py, launched with 1 or 2 processes:
 
-    torchrun --standalone --nproc_per_node 2 tests/multiprocess_run.py ALGORITHM[:SERVER_RULE] OUT.safetensors [readme]
+    torchrun --standalone --nproc_per_node 2 tests/multiprocess_run.py OUT_DIR ALGORITHM[:SERVER_RULE] [...] [readme]
+
+writes OUT_DIR/<ALGORITHM[_SERVER_RULE]>.safetensors per spec (one launch for all: a launch costs ~10 s of
+start-up).
 
 ``readme``: the config as the README writes it, without ``use_cpu=True`` (on a machine without a GPU,
 FederatedConfig must still see every process).
@@ -22,7 +25,16 @@ from fedhf.demo_data import load_digits_images  # noqa: E402
 from tests.helpers import config, digit_trainer, tiny_resnet  # noqa: E402
 
 
-def main(spec: str, out: str, readme: bool = False) -> None:
+def out_file(out_dir: str, spec: str) -> str:
+    return os.path.join(out_dir, spec.replace(":", "_") + ".safetensors")
+
+
+def main(out_dir: str, specs, readme: bool = False) -> None:
+    for spec in specs:
+        train(spec, out_file(out_dir, spec), readme)
+
+
+def train(spec: str, out: str, readme: bool) -> None:
     """spec: ALGORITHM or ALGORITHM:SERVER_RULE (e.g. fedavg:median)."""
     import pathlib
 
@@ -48,4 +60,5 @@ def main(spec: str, out: str, readme: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], readme=sys.argv[3:] == ["readme"])
+    readme = sys.argv[-1] == "readme"
+    main(sys.argv[1], sys.argv[2:-1] if readme else sys.argv[2:], readme=readme)

@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from .multiprocess_run import out_file
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "multiprocess_run.py")
 BIN = os.path.dirname(sys.executable)
 TORCHRUN = shutil.which("torchrun", path=BIN) or shutil.which("torchrun")
@@ -37,8 +39,10 @@ def _launch(command, env):
     return done
 
 
-def _run(n_processes, algorithm, out, launcher="torchrun", readme=False):
-    script = [SCRIPT, algorithm, str(out)] + (["readme"] if readme else [])
+def _run(n_processes, specs, out_dir, launcher="torchrun", readme=False):
+    """One launch trains every spec; {spec: saved tensors}."""
+    out_dir.mkdir()
+    script = [SCRIPT, str(out_dir), *specs] + (["readme"] if readme else [])
     if n_processes == 1:
         command = [sys.executable, *script]
     elif launcher == "torchrun":
@@ -50,25 +54,34 @@ def _run(n_processes, algorithm, out, launcher="torchrun", readme=False):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = _launch(command, env)
     assert done.returncode == 0, (done.stdout[-1500:], done.stderr)
-    assert f"world_size {n_processes}" in done.stdout
-    return load_file(str(out))
+    assert done.stdout.count(f"world_size {n_processes}") == len(specs)
+    return {spec: load_file(out_file(str(out_dir), spec)) for spec in specs}
 
 
-@pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed")
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam", "fedavg:median", "local_muon", "fedmuon",
-                                       "fedpm", "fadam_gt"])
-def test_two_processes_give_the_same_global_model_as_one(tmp_path, algorithm):
-    one = _run(1, algorithm, tmp_path / "one.safetensors")
-    two = _run(2, algorithm, tmp_path / "two.safetensors")
+SPECS = ["fedavg", "scaffold", "fedadam", "fedavg:median", "local_muon", "fedmuon", "fedpm", "fadam_gt"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """1 and 2 torchrun processes, launched once for all SPECS."""
+    if TORCHRUN is None:
+        pytest.skip("torchrun not installed")
+    root = tmp_path_factory.mktemp("multiprocess")
+    return {n: _run(n, SPECS, root / f"p{n}") for n in (1, 2)}
+
+
+@pytest.mark.parametrize("algorithm", SPECS)
+def test_two_processes_give_the_same_global_model_as_one(runs, algorithm):
+    one, two = runs[1][algorithm], runs[2][algorithm]
     assert one.keys() == two.keys()
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
 @pytest.mark.skipif(ACCELERATE is None, reason="accelerate launcher not installed")
-def test_accelerate_launch_gives_the_same_global_model(tmp_path):
-    one = _run(1, "scaffold", tmp_path / "one.safetensors")
-    two = _run(2, "scaffold", tmp_path / "two.safetensors", launcher="accelerate")
+def test_accelerate_launch_gives_the_same_global_model(runs, tmp_path):
+    one = runs[1]["scaffold"]
+    two = _run(2, ["scaffold"], tmp_path / "two", launcher="accelerate")["scaffold"]
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
 
@@ -82,8 +95,8 @@ def test_readme_launch_commands_without_use_cpu_give_the_one_process_model(tmp_p
     mixing depend on the count, so the model would differ, not just the logs)."""
     if torch.cuda.is_available():
         pytest.skip("this checks the CPU-only launch; with a GPU accelerate maps the processes itself")
-    one = _run(1, algorithm, tmp_path / "one.safetensors", readme=True)
-    two = _run(2, algorithm, tmp_path / "two.safetensors", launcher=launcher, readme=True)
+    one = _run(1, [algorithm], tmp_path / "one", readme=True)[algorithm]
+    two = _run(2, [algorithm], tmp_path / "two", launcher=launcher, readme=True)[algorithm]
     assert float(two["history.participants"]) == float(one["history.participants"]) == 4.0  # clients_per_round
     torch.testing.assert_close(two["history.uplink_MB"], one["history.uplink_MB"], rtol=1e-12, atol=0)
     for name in one:
