@@ -139,12 +139,13 @@ def final_score(record: dict) -> float:
 
 
 # ---------------------------------------------------------------- learning-rate tuning
-def grid_labels(dataset: str, name: str) -> dict:
-    """{lr: label} of the tuning grid; the default lr keeps the plain name, so its runs are the defaults' runs."""
+def grid_labels(dataset: str, label: str) -> dict:
+    """{lr: label} of the tuning grid around ``label`` (a name or a variant such as ``fedpac_muon@routing=
+    hidden_only``); the default lr keeps the label as given, so its runs are the defaults' runs."""
     from fedhf.algorithms import get_algorithm
 
-    default = get_algorithm(name).local_optimizer.kwargs["lr"]
-    return {float(f"{default * f:.3g}"): name if f == 1.0 else f"{name}@learning_rate={default * f:.3g}"
+    default = get_algorithm(parse_variant(label)[0]).local_optimizer.kwargs["lr"]
+    return {float(f"{default * f:.3g}"): label if f == 1.0 else f"{label}@learning_rate={default * f:.3g}"
             for f in LR_FACTORS[dataset]}
 
 
@@ -337,7 +338,7 @@ def main() -> None:
     for dataset in chosen:
         labels = ALGORITHMS + VARIANTS.get(dataset, []) if cli.algorithms is None else cli.algorithms.split(",")
         labels = [label for label in labels if label and parse_variant(label)[0] not in SKIP.get(dataset, ())]
-        if cli.tune:  # hand-set variants are not tuned
+        if cli.tune and cli.algorithms is None:  # the hand-set VARIANTS are not tuned; variants asked for are
             labels = [label for label in labels if "@" not in label]
         for label in labels:  # one algorithm at a time (tuned, then its seeds): a cut-short run leaves whole rows
             label = tune(dataset, label, cli.budget, runs_dir, run)["chosen"] if cli.tune else label
