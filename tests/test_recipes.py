@@ -128,3 +128,22 @@ def test_causal_lm_recipe_runs_end_to_end_on_a_tiny_budget(tmp_path):
         assert h["eval_perplexity"] == pytest.approx(math.exp(h["eval_loss"]), rel=1e-9)
         assert 0.0 <= h["eval_generation_accuracy"] <= 1.0
     assert (tmp_path / "out" / "final" / "model.safetensors").exists()
+
+
+# Named algorithms never set clipping: `max_grad_norm` is the Trainer's one setting for it (default 1.0) under every
+# algorithm (README, "Gradient clipping"). A paper's own clipping lives in its recipe, pinned here with its source.
+PAPER_CLIPPING = {
+    "fedpm_table3_digits_convnext_dir0.1_n10.yaml": 0.0,  # FedPM Table 4: none
+    "fedpac_table1_digits_convnext_dir0.1_n100.yaml": 10.0,  # not in the paper; the authors' code clips at 10
+    "fedmuon_table2_digits_convnext_dir0.1_n100.yaml": 10.0,  # ditto (ALGORITHMS.md section 0)
+    "fedmuon_table4_tweets_minilm_lora_dir0.8_n4.yaml": 10.0,
+    "fadamgt_table1_digits_convnext_dir0.1_n100.yaml": 1.0,  # not given: the Trainer default
+    "prefed_fig1_digits_convnext_iid_n10.yaml": 1.0,
+}
+
+
+@pytest.mark.parametrize("name, clip", PAPER_CLIPPING.items())
+def test_paper_recipes_carry_the_papers_clipping(name, clip):
+    train = yaml.safe_load((ROOT / "recipes" / name).read_text())["train"]
+    assert float(train["max_grad_norm"]) == clip
+

@@ -184,7 +184,9 @@ def fedpm(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4, cur
     and cached for its next one), and preconditioned mixing on the server,
     W <- W + [sum_i Delta_i (A_i + lambda I)] [sum_j (A_j + lambda I)]^{-1} per linear layer (equations re-derived,
     ALGORITHMS.md 2.10). LoRA tensors are averaged unless ``mix_lora`` (ALGORITHMS.md 6: not evaluated in the
-    paper). Defaults: FedPM Table 4. Sends 1 + FA | 1 (FA without the LoRA layers unless ``mix_lora``)."""
+    paper). Defaults: FedPM Table 4, except clipping: Table 4 clips nothing, while fedhf leaves clipping to the
+    Trainer's ``max_grad_norm`` (default 1.0) for every algorithm; ``max_grad_norm=0`` is the paper's setting
+    (recipes/fedpm_table3_*.yaml). Sends 1 + FA | 1 (FA without the LoRA layers unless ``mix_lora``)."""
     return Algorithm("fedpm", _foof(lr, damping, weight_decay, curvature_samples), state_sync=PersistLocal(),
                      server_rule=ServerRule(PreconditionedMix(mix_lora=mix_lora), [Step()]))
 
