@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -88,9 +89,12 @@ def parse_variant(label: str):
 
 
 # ---------------------------------------------------------------- one run
-def run_settings(dataset: str, label: str, seed: int, budget: str, validation: bool = False) -> dict:
+def run_settings(dataset: str, label: str, seed: int, budget: str, validation: bool = False,
+                 bf16: Optional[bool] = None) -> dict:
+    """One run's settings (stored with it: a stored run is reused only when they match). ``bf16``: the task's
+    default when None (bf16 autocast for tweets, where earlier stops measured it; see lora_federation.py)."""
     settings = {"dataset": dataset, "algorithm": label, "seed": seed, "budget": budget, **COMMON,
-                **BUDGETS[budget][dataset], "bf16": dataset == "tweets"}
+                **BUDGETS[budget][dataset], "bf16": dataset == "tweets" if bf16 is None else bf16}
     return {**settings, "validation": True} if validation else settings  # old stored runs keep matching
 
 
