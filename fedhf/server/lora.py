@@ -30,9 +30,11 @@ W + s B_i A_i exactly (p_i = w_i / sum w). The residual is taken against the ada
 Unlike FedLLM-Factory's version, the residual is scaled by s, and B A is (out x in) like the base weight, so
 nothing is transposed.
 
-What is sent, counted honestly: each client uploads w_i B_i A_i as a dense fp32 (out x in) matrix per adapted layer
-beside its dA, dB (that is a sum: one all-reduce, no gathering); the server broadcasts the dense residual with the
-next round's model (the trainer counts it in the downlink). The base weights a run has changed are kept in the
+What is sent, counted as a deployment would send it: each client uploads its dA, dB, as under FedAvg, and the
+server forms B_i A_i from them (B_i = B + dB_i, A_i = A + dA_i). The simulation moves w_i B_i A_i as a dense fp32
+(out x in) matrix per adapted layer because its aggregation is a sum (one all-reduce, no gathering), but that matrix
+is not counted in the uplink. The server broadcasts the dense residual with the next round's model (the trainer
+counts it in the downlink; for FLoRA an upper bound on the paper's stacked factors once n r (in + out) > in out). The base weights a run has changed are kept in the
 run's state (``RunState.base_params``) and checkpointed, so resume is exact. The aggregator itself only sees named
 tensors; which base weight and scale belong to which A (:func:`fedhf.lora.lora_layers`) is the trainer's
 (:class:`fedhf.lora.BaseFold`).
@@ -57,10 +59,12 @@ class ProductAggregator(Aggregator):
     needs_lora_pairs = True
 
     def client_end(self, ctx: ClientContext, optimizer) -> Message:
-        """w_i B_i A_i per adapted layer, keyed by the name of A (fp32 on the wire)."""
+        """w_i B_i A_i per adapted layer, keyed by the name of A. Not counted in the uplink (``nbytes=0``): a server
+        forms it from what the client already sends, B_i = B + dB_i and A_i = A + dA_i, as the papers' servers do;
+        it travels dense here only because the simulated aggregation is a sum."""
         products = {a: ctx.params[b].detach().float() @ ctx.params[a].detach().float()
                     for a, b in lora_pairs(ctx.global_params).items()}
-        return Message().put("BA", products, scale=ctx.weight).put_scalar("w", ctx.weight)
+        return Message().put("BA", products, scale=ctx.weight, nbytes=0).put_scalar("w", ctx.weight)
 
     @staticmethod
     def mean_product(ctx: ServerContext, a: str) -> torch.Tensor:
