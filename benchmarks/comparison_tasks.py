@@ -8,9 +8,10 @@
   vocabulary, ~2.1 M parameters, all trained) on the bundled tweets as instruction pairs ("Tweet: ...\\nSentiment:"
   -> " positive"), the loss on the answer tokens only -- recipes/tweets_tinyllama_sft_fedmuon_dir0.5_n8.yaml's model
   and data. Scored by eval loss and the first-word accuracy of greedy answers to the held-out prompts.
-* ``llm-lora``: the same model with only LoRA r8 adapters trained, on every attention and MLP projection, for the
-  LoRA aggregation rules (benchmarks/lora_federation.py). The base is random, not pretrained: what the adapters
-  learn is to steer its hidden states towards the answers' (frozen, tied) embeddings.
+* ``llm-lora``: the same model with LoRA r8 adapters on every attention and MLP projection and the final RMSNorm's
+  64 weights trained, for the LoRA aggregation rules (benchmarks/lora_federation.py). The base is random (drawn at
+  initializer_range 0.2, see ``LORA_BASE_INIT``), not pretrained: what the adapters learn is to steer its hidden
+  states towards the answers' (frozen, tied) embeddings.
 
 Every task also has a validation split for tuning: ``VALIDATION_FRACTION`` of the training rows (seeded, the
 same for every algorithm), held out of the clients' data; the tuned runs never see the test rows.
@@ -145,6 +146,13 @@ class SmallConvNet(torch.nn.Module):
         return ImageClassifierOutput(loss=loss, logits=logits)
 
 
+# The LoRA task's random base is drawn at 10x Llama's default initializer_range. At 0.02 the tied embeddings have
+# norm ~0.16, so with the final norm's output at norm 8 no logit can pass ~1.3: a loss floor of ln(30,522) - 1.3
+# ~ 9.05 that adapters cannot cross (the first full FedAvg run stalled at 9.6; training the norm too, 7.4 at lr 3,
+# 4.4 at lr 30). At 0.2 FedAvg-LoRA reaches 1.55 at lr 3 (seed 0), so the rules' curves can differ.
+LORA_BASE_INIT = {"initializer_range": 0.2}
+
+
 def build_model(task: str, seed: int, data: dict):
     """MiniLM-L6 + LoRA r8 (no dropout: faster on CPU, one noise source less), the small convnet, or the Llama."""
     torch.manual_seed(seed)
@@ -156,12 +164,14 @@ def build_model(task: str, seed: int, data: dict):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         tokenizer = data["tokenizer"]
+        config = dict(data["model_config"], **LORA_BASE_INIT) if task == "llm-lora" else data["model_config"]
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **data["model_config"]))
+            vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config))
         if task == "llm":
             return model
+        # The final RMSNorm's 64 weights train too (modules_to_save, shared like a head); see LORA_BASE_INIT.
         return get_peft_model(model, LoraConfig(
-            r=8, lora_alpha=16, lora_dropout=0.0, task_type=TaskType.CAUSAL_LM,
+            r=8, lora_alpha=16, lora_dropout=0.0, task_type=TaskType.CAUSAL_LM, modules_to_save=["norm"],
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     from transformers import AutoModelForSequenceClassification
 
