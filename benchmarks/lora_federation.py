@@ -36,13 +36,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import datasets  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from algorithms import Runner, run_settings  # noqa: E402
 from comparison_report import plot, summarize, table  # noqa: E402
-from comparison_tasks import BUDGETS, HERE, TARGETS  # noqa: E402
+from comparison_tasks import ACCURACY, BUDGETS, HERE, TARGETS  # noqa: E402
 
 from fedhf.metrics import write_json_atomic  # noqa: E402
 
@@ -56,6 +57,26 @@ METHODS = {"fedavg": "", "fedex_lora": "@server_rule=fedex_lora", "flora": "@ser
 
 def label(task: str, method: str) -> str:
     return f"fedavg@learning_rate={BASE_LR[task]}{METHODS[method]}"
+
+
+def paired_table(task: str, by_method: dict) -> str:
+    """Each rule minus plain averaging on the same seed (same split, sampling and initial model), final round: the
+    seed moves every rule together, so these differences are the comparison; the table above shows the spread."""
+    def finals(method, key):
+        return {r["settings"]["seed"]: r["history"][-1].get(key, float("nan")) for r in by_method.get(method, [])}
+
+    keys = [ACCURACY[task], "eval_loss"]
+    lines = ["Paired by seed, rule minus fedavg (mean ± std over seeds; per seed in brackets):", "",
+             "| rule | " + " | ".join(f"Δ final {k}" for k in keys) + " |", "|---|" + "---|" * len(keys)]
+    for method in [m for m in by_method if m != "fedavg"]:
+        cells = []
+        for key in keys:
+            base, own = finals("fedavg", key), finals(method, key)
+            diffs = [own[s] - base[s] for s in sorted(own) if s in base]
+            spread = f" ± {np.std(diffs, ddof=1):.3f}" if len(diffs) > 1 else ""
+            cells.append(f"{np.mean(diffs):+.3f}{spread} [{', '.join(f'{d:+.3f}' for d in diffs)}]" if diffs else "-")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -90,7 +111,7 @@ def main() -> None:
         runs = [r for rs in by_method.values() for r in rs]
         summaries_all[task] = {m: summarize(rs, TARGETS[task]) for m, rs in by_method.items()}
         text += [f"### {task}: fedavg (SGD, lr {BASE_LR[task]}) with each LoRA rule", "",
-                 table(task, summaries_all[task], runs)]
+                 table(task, summaries_all[task], runs), "", paired_table(task, by_method)]
         os.makedirs(out_dir, exist_ok=True)
         plot(task, by_method, runs[0]["majority_accuracy"], os.path.join(out_dir, f"lora_federation_{task}.png"),
              f"{task}, LoRA rules")
