@@ -14,8 +14,7 @@ how the clients' adapters are combined and what is sent (README, "LoRA federatio
 Tasks (benchmarks/comparison_tasks.py): ``tweets`` (pretrained MiniLM-L6 + LoRA r8 on query/value, 3-class
 sentiment, Dirichlet 0.1 over 20 clients, 5 per round) and ``llm-lora`` (a small Llama built from a config, LoRA
 r8 on every projection, SFT on the tweets as instructions, the same split). The runs are stored and resumed like
-benchmarks/algorithms.py's; the learning rate is set by hand
-(``BASE_LR``), not tuned per rule. Every run is fp32: on the AVX2 CPU these results come from, bf16 autocast
+benchmarks/algorithms.py's; the learning rate is set by hand (``BASE_LR``), not tuned per rule. Every run is fp32: on the AVX2 CPU these results come from, bf16 autocast
 made a MiniLM-LoRA step 17x slower (10.1 s against 0.59 s, batch 16 x 32 tokens, one thread), so these runs do not
 share benchmarks/algorithms.py's bf16 tweets runs and are kept apart (``--runs_dir``).
 
