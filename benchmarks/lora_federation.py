@@ -14,9 +14,10 @@ how the clients' adapters are combined and what is sent (README, "LoRA federatio
 Tasks (benchmarks/comparison_tasks.py): ``tweets`` (pretrained MiniLM-L6 + LoRA r8 on query/value, 3-class
 sentiment, Dirichlet 0.1 over 20 clients, 5 per round) and ``llm-lora`` (a small Llama built from a config, LoRA
 r8 on every projection, SFT on the tweets as instructions, the same split). The runs are stored and resumed like
-benchmarks/algorithms.py's; the learning rate is set by hand (``BASE_LR``), not tuned per rule. Every run is fp32: on the AVX2 CPU these results come from, bf16 autocast
-made a MiniLM-LoRA step 17x slower (10.1 s against 0.59 s, batch 16 x 32 tokens, one thread), so these runs do not
-share benchmarks/algorithms.py's bf16 tweets runs and are kept apart (``--runs_dir``).
+benchmarks/algorithms.py's; the learning rate is set by hand (``BASE_LR``), not tuned per rule. Every run is fp32:
+on the AVX2 CPU these results come from, bf16 autocast made a MiniLM-LoRA step 17x slower (10.1 s against 0.59 s,
+batch 16 x 32 tokens, one thread), so these runs do not share benchmarks/algorithms.py's bf16 tweets runs and are
+kept apart (``--runs_dir``).
 
 Outputs (``--budget full``): ``lora_federation_result.md`` (the tables, also printed), ``lora_federation.json``
 and ``lora_federation_<task>.png`` beside this script; other budgets write them to
@@ -84,7 +85,8 @@ def main() -> None:
     parser.add_argument("--tasks", default="tweets,llm-lora")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"Some of {list(METHODS)}.")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--runs_dir", default=None, help="Per-run JSONs; default outputs/benchmarks/lora_federation/BUDGET.")
+    parser.add_argument("--runs_dir", default=None,
+                        help="Per-run JSONs; default outputs/benchmarks/lora_federation/BUDGET.")
     parser.add_argument("--results_dir", default=None,
                         help="Where the table, JSON and plots go; default benchmarks/ for full, else outputs/.")
     cli = parser.parse_args()
