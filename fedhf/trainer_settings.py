@@ -34,7 +34,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "optim_target_modules": (REFUSED, "the local optimizer routes parameters itself (e.g. Muon's hidden_only)"),
     "average_tokens_across_devices": (HONOURED, "kept False: local steps never all-reduce gradients"),
     "max_grad_norm": (HONOURED, "clips each local step's gradient; <= 0 = no clipping"),
-    "bf16": (HONOURED, "autocast in local steps and evaluation"),
+    "bf16": (HONOURED, "autocast in local steps and evaluation; on a CPU without bf16 matmul units, a warning "
+                       "naming bf16=False"),
     "fp16": (HONOURED, "autocast on a GPU; refused on the CPU (use bf16 with use_cpu)"),
     "bf16_full_eval": (HONOURED, _TRAINER_OWN),
     "fp16_full_eval": (HONOURED, _TRAINER_OWN + "; refused on the CPU"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import yaml
@@ -30,3 +32,16 @@ def test_fp16_on_the_cpu_is_refused_with_the_fix(tmp_path, field):
 
 def test_bf16_on_the_cpu_is_accepted_with_use_cpu(tmp_path):
     assert FederatedConfig(output_dir=str(tmp_path / "o"), report_to="none", use_cpu=True, bf16=True).bf16
+
+
+@pytest.mark.parametrize("hardware", [False, True])
+def test_bf16_on_a_cpu_that_emulates_it_warns_with_the_faster_setting(tmp_path, monkeypatch, hardware):
+    monkeypatch.setattr("fedhf.checks.cpu_has_bf16_matmul", lambda: hardware)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = FederatedConfig(output_dir=str(tmp_path / "o"), report_to="none", use_cpu=True, bf16=True)
+    ours = [w for w in caught if "bfloat16 matmul units" in str(w.message)]
+    assert config.bf16  # honoured either way
+    assert len(ours) == (0 if hardware else 1)
+    if not hardware:
+        assert "Set bf16=False" in str(ours[0].message)

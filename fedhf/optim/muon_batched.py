@@ -37,6 +37,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from ..checks import cpu_has_bf16_matmul
+
 NS5_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim._muon DEFAULT_A, _B, _C
 NS_EPS = 1e-7  # torch.optim._muon EPS
 MATMULS = ("bfloat16", "float32_accumulate")
@@ -71,8 +73,7 @@ def default_matmul(device: torch.device) -> str:
     ``"float32_accumulate"`` (e.g. AVX2 CPUs, where torch's bfloat16 matmul is ~28x slower than float32)."""
     if device.type != "cpu":
         return "bfloat16"
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return "bfloat16" if native else "float32_accumulate"
+    return "bfloat16" if cpu_has_bf16_matmul() else "float32_accumulate"
 
 
 def oriented_shape(shape: torch.Size) -> Tuple[int, int]:
