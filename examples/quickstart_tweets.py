@@ -22,7 +22,6 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 from peft import LoraConfig, TaskType, get_peft_model  # noqa: E402
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,  # noqa: E402
                           HfArgumentParser)
@@ -30,6 +29,7 @@ from transformers import (AutoModelForSequenceClassification, AutoTokenizer, Dat
 from fedhf import FederatedConfig, FederatedTrainer  # noqa: E402
 from fedhf.demo_data import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
 from fedhf.metrics import accuracy_metrics  # noqa: E402
+from fedhf.recipes import load_recipe  # noqa: E402
 
 RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes",
                       "tweets_minilm_lora_scaffold_dir0.3_n12.yaml")
@@ -39,8 +39,7 @@ def main(argv=None) -> float:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--recipe", default=RECIPE, help="Recipe; flags override its train: section.")
     known, rest = pre.parse_known_args(argv)
-    with open(known.recipe) as f:
-        recipe = yaml.safe_load(f)["train"]  # the FederatedConfig section (`fedhf train` reads them all)
+    recipe = load_recipe(known.recipe).train  # the FederatedConfig section (`fedhf train` reads them all)
     parser = HfArgumentParser(FederatedConfig)
     parser.set_defaults(**recipe)
     parser.add_argument("--train_rows", type=int, default=8000, help="Training tweets split over the clients.")

@@ -36,7 +36,7 @@ def test_recipe_parses_with_no_unknown_keys(recipe, tmp_path):
     assert loaded.model.task in TASKS
     if loaded.lora is not None:
         LoraConfig(**loaded.lora)
-    train = dict(yaml.safe_load(text)["train"], output_dir=str(tmp_path))  # no use_cpu: bf16 must parse as is
+    train = dict(loaded.train, output_dir=str(tmp_path))  # no use_cpu: bf16 must parse as is (`auto` resolved)
     (config,) = HfArgumentParser(FederatedConfig).parse_dict(train, allow_extra_keys=False)
     config.build_algorithm()
     if config.bf16 and not torch.accelerator.is_available():
@@ -147,3 +147,14 @@ def test_paper_recipes_carry_the_papers_clipping(name, clip):
     train = yaml.safe_load((ROOT / "recipes" / name).read_text())["train"]
     assert float(train["max_grad_norm"]) == clip
 
+
+
+@pytest.mark.parametrize("hardware", [False, True])
+def test_bf16_auto_in_a_recipe_is_bf16_only_where_it_has_hardware(tmp_path, monkeypatch, hardware):
+    monkeypatch.setattr("fedhf.recipes.cpu_has_bf16_matmul", lambda: hardware)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    recipe = _tweets()
+    recipe["train"]["bf16"] = "auto"
+    assert load_recipe(_write(tmp_path, recipe)).train["bf16"] is hardware
+    recipe["train"]["bf16"] = True  # an explicit value is left as given
+    assert load_recipe(_write(tmp_path, recipe, "forced.yaml")).train["bf16"] is True
