@@ -4,33 +4,19 @@ model; combinations that cannot work are refused before any work."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from fedhf.client_parallel import shard
 
 from .helpers import config, digit_trainer, lora_minilm, tiny_resnet, tweet_trainer
-from .test_multiprocess import TORCHRUN, _launch
+from .test_multiprocess import TORCHRUN, _run
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "client_parallel_run.py")
 
 
 ALGORITHMS = ["fedavg", "scaffold", "fedpac_muon"]
-
-
-def _run(n_processes, out_dir):
-    """One launch trains every algorithm of ALGORITHMS; {algorithm: saved tensors}."""
-    out_dir.mkdir()
-    script = [SCRIPT, str(out_dir), *ALGORITHMS]
-    command = [sys.executable, *script] if n_processes == 1 else [
-        TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), *script]
-    done = _launch(command, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
-    assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-3000:])
-    assert done.stdout.count(f"world_size {n_processes}") == len(ALGORITHMS)
-    return {a: load_file(str(out_dir / f"{a}.safetensors")) for a in ALGORITHMS}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +25,7 @@ def runs(tmp_path_factory):
     if TORCHRUN is None:
         pytest.skip("torchrun not installed")
     root = tmp_path_factory.mktemp("client_parallel")
-    return {n: _run(n, root / f"p{n}") for n in (1, 2)}
+    return {n: _run(n, ALGORITHMS, root / f"p{n}", script_path=SCRIPT) for n in (1, 2)}
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -39,10 +39,11 @@ def _launch(command, env):
     return done
 
 
-def _run(n_processes, specs, out_dir, launcher="torchrun", readme=False):
-    """One launch trains every spec; {spec: saved tensors}."""
+def _run(n_processes, specs, out_dir, launcher="torchrun", readme=False, script_path=SCRIPT):
+    """One launch of ``script_path`` (this file's run script, or client_parallel_run.py) trains every spec;
+    {spec: saved tensors}."""
     out_dir.mkdir()
-    script = [SCRIPT, str(out_dir), *specs] + (["readme"] if readme else [])
+    script = [script_path, str(out_dir), *specs] + (["readme"] if readme else [])
     if n_processes == 1:
         command = [sys.executable, *script]
     elif launcher == "torchrun":
