@@ -36,7 +36,6 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -59,13 +58,10 @@ ALGORITHMS = ["fedavg", "local_adamw", "local_muon", "fedmuon", "fedpac_muon", "
               "fedpac_sophia", "scaffold", "fadam_gt", "fedpm"]
 # SOAP's preconditioner of the llm's 30,522 x 64 embedding would be a 30,522^2 factor: not run there.
 SKIP = {"llm": {"fedpac_soap"}}
-# The one hand-set variant, run by default after the defaults: SGD at lr 0.1 (FedPAC Table 8, for full training of
-# ResNet/ViT) leaves LoRA's zero-initialised B at the majority class on tweets; lr 1.0 is what this project's
-# quickstart measured for SGD on the same model and data (README: FedAvg-SGD lr 1.0, 0.685).
-VARIANTS = {"tweets": ["fedavg@learning_rate=1.0"]}
 # The tuning grids, as multiples of each algorithm's default lr: three decades around it, since the defaults come
 # from papers on other models (e.g. Sophia's 3e-4 clips 96 % of its coordinates on digits).
-LR_FACTORS = {"tweets": (0.1, 0.3, 1.0, 3.0, 10.0, 30.0), "digits": (0.1, 0.3, 1.0, 3.0, 10.0, 30.0),
+LR_FACTORS = {"tweets": (1.0, 3.0, 10.0, 30.0),  # upward only: at the defaults nothing left the majority class
+              "digits": (0.1, 0.3, 1.0, 3.0, 10.0, 30.0),
               # upward only: on the quick budget every default left the from-scratch Llama near its untrained loss
               # ... and to 100x once AdamW, FedMuon and FedPAC_Muon all chose 30x, the top of the first grid
               "llm": (1.0, 3.0, 10.0, 30.0, 100.0)}
@@ -90,12 +86,11 @@ def parse_variant(label: str):
 
 
 # ---------------------------------------------------------------- one run
-def run_settings(dataset: str, label: str, seed: int, budget: str, validation: bool = False,
-                 bf16: Optional[bool] = None) -> dict:
-    """One run's settings (stored with it: a stored run is reused only when they match). ``bf16``: the task's
-    default when None (bf16 autocast for tweets, where earlier stops measured it; see lora_federation.py)."""
+def run_settings(dataset: str, label: str, seed: int, budget: str, validation: bool = False) -> dict:
+    """One run's settings (stored with it: a stored run is reused only when they match). Every task trains in
+    fp32: on the AVX2 CPU of these results bf16 autocast made a MiniLM-LoRA step 17x slower (lora_federation.py)."""
     settings = {"dataset": dataset, "algorithm": label, "seed": seed, "budget": budget, **COMMON,
-                **BUDGETS[budget][dataset], "bf16": dataset == "tweets" if bf16 is None else bf16}
+                **BUDGETS[budget][dataset], "bf16": False}
     return {**settings, "validation": True} if validation else settings  # old stored runs keep matching
 
 
@@ -288,15 +283,14 @@ def report(records: list, tuning: dict, budget: str, out_dir: str, threads: int)
         tuned = tuning.get(dataset, {})
         chosen = {name: tuned[name] for name in [a for a in ALGORITHMS if a in tuned] + sorted(set(tuned) - set(ALGORITHMS))
                   if tuned[name]["chosen"] in by_label}
-        sections = {"defaults": {label: rs for label, rs in by_label.items()
-                                 if label in ALGORITHMS or label in VARIANTS.get(dataset, [])},
+        sections = {"defaults": {label: rs for label, rs in by_label.items() if label in ALGORITHMS},
                     "tuned": {name: by_label[t["chosen"]] for name, t in chosen.items()}}
         for section, by_algorithm in sections.items():
             if not by_algorithm:
                 continue
             summaries = {label: summarize(rs, TARGETS[dataset]) for label, rs in by_algorithm.items()}
             summaries_all.setdefault(dataset, {})[section] = summaries
-            heading = ("each at its default hyper-parameters; rows named algorithm@key=value set one by hand"
+            heading = ("each at its default hyper-parameters"
                        if section == "defaults" else "each at the learning rate its validation grid chose")
             text += [f"### {dataset}, {heading}", "",
                      table(dataset, summaries, runs, chosen if section == "tuned" else None)]
@@ -318,7 +312,7 @@ def main() -> None:
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
     parser.add_argument("--datasets", default="tweets,digits", help=f"Some of {TASKS}.")
     parser.add_argument("--algorithms", default=None,
-                        help="Names, or variants name@key=value; default: the eleven, plus VARIANTS per task.")
+                        help="Names, or variants name@key=value; default: the eleven.")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--tune", action="store_true",
                         help="Choose each algorithm's lr on validation rows (seed 0), then run the seeds at it.")
@@ -341,10 +335,8 @@ def main() -> None:
         parser.error(f"--datasets: unknown {sorted(set(chosen) - set(TASKS))}; known: {TASKS} ('' reports only)")
     run = Runner(runs_dir)
     for dataset in chosen:
-        labels = ALGORITHMS + VARIANTS.get(dataset, []) if cli.algorithms is None else cli.algorithms.split(",")
+        labels = ALGORITHMS if cli.algorithms is None else cli.algorithms.split(",")
         labels = [label for label in labels if label and parse_variant(label)[0] not in SKIP.get(dataset, ())]
-        if cli.tune and cli.algorithms is None:  # the hand-set VARIANTS are not tuned; variants asked for are
-            labels = [label for label in labels if "@" not in label]
         for label in labels:  # one algorithm at a time (tuned, then its seeds): a cut-short run leaves whole rows
             label = tune(dataset, label, cli.budget, runs_dir, run)["chosen"] if cli.tune else label
             for seed in seeds:

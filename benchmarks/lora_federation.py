@@ -16,8 +16,7 @@ sentiment, Dirichlet 0.1 over 20 clients, 5 per round) and ``llm-lora`` (a small
 r8 on every projection, SFT on the tweets as instructions, the same split). The runs are stored and resumed like
 benchmarks/algorithms.py's; the learning rate is set by hand (``BASE_LR``), not tuned per rule. Every run is fp32:
 on the AVX2 CPU these results come from, bf16 autocast made a MiniLM-LoRA step 17x slower (10.1 s against 0.59 s,
-batch 16 x 32 tokens, one thread), so these runs do not share benchmarks/algorithms.py's bf16 tweets runs and are
-kept apart (``--runs_dir``).
+batch 16 x 32 tokens, one thread). The runs are kept apart from benchmarks/algorithms.py's (``--runs_dir``).
 
 Outputs (``--budget full``): ``lora_federation_result.md`` (the tables, also printed), ``lora_federation.json``
 and ``lora_federation_<task>.png`` beside this script; other budgets write them to
@@ -103,7 +102,7 @@ def main() -> None:
     for task in [t for t in cli.tasks.split(",") if t]:
         by_method = {}
         for method in methods:
-            records = [run(run_settings(task, label(task, method), int(seed), cli.budget, bf16=False))
+            records = [run(run_settings(task, label(task, method), int(seed), cli.budget))
                        for seed in cli.seeds.split(",") if seed]
             by_method[method] = [r for r in records if r is not None]
         by_method = {m: rs for m, rs in by_method.items() if rs}
