@@ -9,8 +9,9 @@ how the settings are aligned, is in that file's docstring and printed below the 
 (Sophia's curvature refresh every ``hess_interval`` = 10 steps: an extra forward and sampled-label backward),
 forward, backward, ``clip_grad_norm_`` to 1.0, ``step``, ``zero_grad`` -- against AdamW, at 4,096 tokens per step
 (16 rows x 256) and at the earlier issue's ~910 (7 x 130). Goals at 4K: Muon <= 1.10x, SOAP <= 1.5x,
-Sophia <= 1.25x. Rows ``muon[batched]`` (``newton_schulz="batched"``) and ``sophia[icdf]``
-(``label_sampler="inverse_cdf"``) are fedhf's cheaper options (6c). Every optimizer trains its own copy of the
+Sophia <= 1.25x. Rows ``muon[batched]`` (``newton_schulz="batched"``), ``muon[gram]`` (``newton_schulz="gram"``,
+Gram Newton-Schulz in float32) and ``sophia[icdf]`` (``label_sampler="inverse_cdf"``) are fedhf's cheaper
+options (6c). Every optimizer trains its own copy of the
 model, all in one process: step r gives batch r to
 each in turn (the order rotates), so drift in machine load hits all alike. The first step is not timed (SOAP's
 builds its eigenbases, printed as ``step 0``); the next steps come in periods of 10 (SOAP's eigenbasis refresh and
@@ -53,10 +54,12 @@ from fedhf.demo_data import tiny_llama  # noqa: E402
 from fedhf.optim import LocalOptimizer, ModelAccess  # noqa: E402
 
 #: What each optimizer is built with (defaults otherwise). The [variants] are fedhf's cheaper options (issue 14,
-#: 6c): Muon's batched Newton-Schulz (float32 products on CPUs without bfloat16 units), GNB's inverse-CDF labels.
-OPTIMIZERS = {"adamw": {}, "muon": {}, "muon[batched]": {"newton_schulz": "batched"}, "soap": {},
-              "sophia": {"hess_interval": 10}, "sophia[icdf]": {"hess_interval": 10, "label_sampler": "inverse_cdf"}}
-VARIANTS = ("muon[batched]", "sophia[icdf]")
+#: 6c): Muon's batched Newton-Schulz (float32 products on CPUs without bfloat16 units), Gram Newton-Schulz,
+#: GNB's inverse-CDF labels.
+OPTIMIZERS = {"adamw": {}, "muon": {}, "muon[batched]": {"newton_schulz": "batched"},
+              "muon[gram]": {"newton_schulz": "gram"}, "soap": {}, "sophia": {"hess_interval": 10},
+              "sophia[icdf]": {"hess_interval": 10, "label_sampler": "inverse_cdf"}}
+VARIANTS = ("muon[batched]", "muon[gram]", "sophia[icdf]")
 PERIOD = 10
 TARGETS = {"muon": 1.10, "soap": 1.5, "sophia": 1.25}
 TOKENS = {"4k": (16, 256), "910": (7, 130)}  # rows x sequence length
@@ -139,6 +142,7 @@ def print_reference(results: dict) -> dict:
     print("\n6a  fedhf step vs reference (ms per optimizer step; same parameters, same recorded gradients)")
     print(f"{'setup':<6}{'optimizer':<15}{'reference':<34}{'fedhf':>8}{'ref':>9}{'ratio':>8}  max|diff| (steps)")
     names = {"muon": "torch.optim.Muon + AdamW", "muon[batched]": "torch.optim.Muon + AdamW",
+             "muon[gram]": "torch.optim.Muon + AdamW",
              "soap": "pytorch_optimizer.SOAP", "sophia": "pytorch_optimizer.SophiaH"}
     worst = {name: 0.0 for name in TARGETS}
     for setup, by_name in results.items():
@@ -152,7 +156,8 @@ def print_reference(results: dict) -> dict:
     diff = results["lora"]["sophia"]["hutchinson_diff"]
     print(f"Hutchinson u*(Hu) on LoRA, same draws: max|fedhf - SophiaH| = {diff:.2e}")
     print("notes: muon = torch.optim.Muon itself (diff 0 expected); muon[batched] = BatchedMuon (CPU: float32 "
-          "products of bfloat16 values; diff = bfloat16 rounding); soap diff: correct_bias=False, before any refresh "
+          "products of bfloat16 values; diff = bfloat16 rounding); muon[gram] = Gram Newton-Schulz in float32 "
+          "(diff = torch's bfloat16 error); soap diff: correct_bias=False, before any refresh "
           "(pytorch-optimizer's step counter starts one ahead); sophia: SophiaH with lr/rho, p=rho, wd*rho, same h")
     return worst
 
@@ -205,7 +210,7 @@ def main() -> None:
     worst_ref = print_reference(reference)
     worst_local = print_local(local, periods)
     print("muon, sophia = fedhf's defaults (torch.optim.Muon inside; multinomial GNB labels); muon[batched] = "
-          "newton_schulz='batched'; sophia[icdf] = label_sampler='inverse_cdf'.")
+          "newton_schulz='batched'; muon[gram] = newton_schulz='gram'; sophia[icdf] = label_sampler='inverse_cdf'.")
     print("targets at 4K (defaults): " + " ".join(f"{n}<={t:.2f}x ({'met' if worst_local[n] <= t else 'MISSED'})"
                                                 for n, t in TARGETS.items()))
     load = os.getloadavg()

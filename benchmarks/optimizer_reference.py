@@ -11,7 +11,8 @@ settings are aligned (each also in the printed notes):
 
 * Muon: fedhf's ``muon`` is ``torch.optim.Muon`` on the matrices (lr x ``muon_lr_mult``) + ``torch.optim.AdamW``
   on the rest, so the reference is exactly that pair; ``newton_schulz="batched"`` is fedhf's cheaper variant
-  (fedhf/optim/muon_batched.py), a few bfloat16 ulps from torch's numbers on CPU.
+  (fedhf/optim/muon_batched.py), a few bfloat16 ulps from torch's numbers on CPU; ``newton_schulz="gram"``
+  (fedhf/optim/gram_newton_schulz.py) iterates in float32, so it differs from torch by torch's own bfloat16 error.
 * SOAP: the same algorithm (Vyas et al. 2024, the authors' update order: factors absorb G after the step, sorted
   power-QR refresh), but pytorch-optimizer counts its init call as step 1, so its first real update uses bias
   correction t = 2 (fedhf: t = 1) and it refreshes after its 9th real update (fedhf: after the 10th); it also
@@ -196,13 +197,15 @@ def hutchinson_check(model: torch.nn.Module, batch: dict) -> float:
 
 def compare_with_references(models: Dict[str, torch.nn.Module], batches: List[dict], steps: int,
                             device: torch.device) -> Dict[str, Dict[str, dict]]:
-    """Per setup (lora, full): muon, muon[batched], soap, sophia results; plus the Hutchinson check on LoRA."""
+    """Per setup (lora, full): muon, muon[batched], muon[gram], soap, sophia results; plus the Hutchinson check on
+    LoRA."""
     out: Dict[str, Dict[str, dict]] = {}
     for setup, model in models.items():
         grads = record_gradients(model, batches)
         many = (grads * (-(-(1 + steps) // len(grads))))[:1 + steps]  # gradients cycle
         out[setup] = {"muon": muon_case(model, many[:6], device, "torch"),
                       "muon[batched]": muon_case(model, many[:6], device, "batched"),
+                      "muon[gram]": muon_case(model, many[:6], device, "gram"),
                       "soap": soap_case(model, many, device),
                       "sophia": sophia_case(model, many[:11], device)}
         print(f"  6a {setup}: " + ", ".join(f"{k} {v['ours'] * 1e3:.1f}/{v['ref'] * 1e3:.1f} ms"

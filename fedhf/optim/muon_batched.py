@@ -27,6 +27,10 @@ unchanged.
   against the float32 iteration. ``None`` (default): :func:`default_matmul` (float32 products only on CPUs
   without bfloat16 matmul hardware).
 tests/optim/test_muon_batched.py checks both against torch.optim.Muon.
+
+``iteration="gram"`` runs the same five steps on each matrix's Gram matrix instead, in float32
+(:mod:`fedhf.optim.gram_newton_schulz`): 4-5x fewer flops on LoRA factors and embeddings, the same math up to
+float32 rounding (closer to the exact iteration than torch's bfloat16 one).
 """
 
 from __future__ import annotations
@@ -38,21 +42,29 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 
 from ..checks import cpu_has_bf16_matmul
+from .gram_newton_schulz import orthogonalise
+from .muon_exact import NS5_COEFFICIENTS
 
-NS5_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim._muon DEFAULT_A, _B, _C
 NS_EPS = 1e-7  # torch.optim._muon EPS
 MATMULS = ("bfloat16", "float32_accumulate")
+ITERATIONS = ("standard", "gram")
 
 
 def batched_newton_schulz(updates: List[torch.Tensor], ns_steps: int = 5, eps: float = NS_EPS,
-                           matmul: str = "bfloat16") -> List[torch.Tensor]:
+                           matmul: str = "bfloat16", iteration: str = "standard") -> List[torch.Tensor]:
     """NS5 of each matrix in ``updates`` (all of one oriented shape), as torch's ``_zeropower_via_newtonschulz``.
 
     Each matrix is transposed to its wide orientation, normalised by its own Frobenius norm (computed per matrix
     in bfloat16, as torch does), and the stack is iterated X <- a X + (b A + c A A) X, A = X X^T, batched.
-    Returns bfloat16 results in each input's own orientation. ``matmul``: see the module docstring."""
+    Returns bfloat16 results in each input's own orientation. ``matmul``: see the module docstring.
+    ``iteration="gram"``: float32 throughout (norms too), Gram form where the matrices are wide enough; float32
+    results, ``matmul`` unused."""
     a, b, c = NS5_COEFFICIENTS
     tall = [u.size(0) > u.size(1) for u in updates]
+    if iteration == "gram":
+        x = torch.stack([(u.T if t else u).float() for u, t in zip(updates, tall)])
+        x = orthogonalise(x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps), ns_steps)
+        return [m.T if t else m for m, t in zip(x.unbind(0), tall)]
     x = torch.stack([(u.T if t else u).bfloat16() for u, t in zip(updates, tall)])
     # Per-matrix norms, each as torch computes it on its 2-D bfloat16 matrix (so the divisor is bit-identical).
     norms = torch.stack([m.norm() for m in x.unbind(0)]).clamp(min=eps)
@@ -89,17 +101,21 @@ class BatchedMuon(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, adjust_lr_fn=None,
-                 eps: float = NS_EPS, matmul: Optional[str] = None) -> None:
+                 eps: float = NS_EPS, matmul: Optional[str] = None, iteration: str = "standard") -> None:
         if lr < 0 or weight_decay < 0 or momentum < 0:
             raise ValueError(f"BatchedMuon: invalid lr={lr}, weight_decay={weight_decay} or momentum={momentum}.")
         if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
             raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
         if matmul not in (None, *MATMULS):
             raise ValueError(f"`matmul` must be one of {MATMULS} or None, got {matmul!r}.")
+        if iteration not in ITERATIONS or (iteration == "gram" and matmul is not None):
+            raise ValueError(f"`iteration` must be one of {ITERATIONS}, got {iteration!r}; 'gram' runs in float32, "
+                             "so leave `matmul` unset with it.")
         if not 0 < ns_steps < 100:
             raise ValueError(f"`ns_steps` must be in 1..99, got {ns_steps}.")
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                                      ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, eps=eps, matmul=matmul))
+                                      ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, eps=eps, matmul=matmul,
+                                      iteration=iteration))
         for group in self.param_groups:
             if any(p.ndim != 2 for p in group["params"]):
                 raise ValueError("BatchedMuon takes 2-D parameters only (view conv filters as (out, rest)).")
@@ -138,7 +154,9 @@ class BatchedMuon(torch.optim.Optimizer):
             for indices in by_shape.values():
                 matmul = group["matmul"] or default_matmul(updates[indices[0]].device)
                 stack = [updates[i] for i in indices]
-                for i, o in zip(indices, batched_newton_schulz(stack, group["ns_steps"], group["eps"], matmul)):
+                orthos_of_shape = batched_newton_schulz(stack, group["ns_steps"], group["eps"], matmul,
+                                                        group["iteration"])
+                for i, o in zip(indices, orthos_of_shape):
                     orthos[i] = o
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
             for p, o in zip(params, orthos):

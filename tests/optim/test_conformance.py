@@ -24,6 +24,7 @@ CASES = {
     "muon": ({"lr": 1e-2}, {"momentum_buffer"}),  # the two weight matrices only
     "muon[sum svd]": ({"lr": 1e-2, "momentum_form": "sum", "ortho": "svd", "nesterov": False}, {"momentum_buffer"}),
     "muon[batched]": ({"lr": 1e-2, "newton_schulz": "batched"}, {"momentum_buffer"}),
+    "muon[gram]": ({"lr": 1e-2, "newton_schulz": "gram"}, {"momentum_buffer"}),
     "soap": ({"lr": 3e-2}, {"GG0", "GG1"}),  # L and R of the matrices; biases have no factor
     "soap[before power_qr]": ({"lr": 3e-2, "factor_update": "before", "eigenbasis_refresh": "power_qr"},
                               {"GG0", "GG1"}),

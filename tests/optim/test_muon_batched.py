@@ -51,15 +51,45 @@ def test_float32_accumulation_stays_within_bfloat16_rounding_of_torch(shapes):
         assert torch.equal(opt.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"])
 
 
-def test_float32_accumulation_is_as_close_to_torch_as_torch_is_to_float32():
+def test_gram_iteration_is_torch_muon_without_its_bfloat16_rounding():
+    """iteration="gram": three steps of torch.optim.Muon's math written out in float64 by hand (EMA momentum with
+    Nesterov, NS5 of the wide orientation, weight decay, sqrt(max(1, rows / cols)) lr scale) agree to float32
+    rounding; torch's own bfloat16 iteration is up to ~0.025 per unit entry off it, so it is not the reference."""
+    a, b, c = COEFFICIENTS
+    torch.manual_seed(0)
+    start = [torch.randn(*s) * 0.1 for s in LORA + FULL]
+    ours = [torch.nn.Parameter(w.clone()) for w in start]
+    opt = BatchedMuon(ours, lr=0.02, weight_decay=0.01, iteration="gram")
+    exact, bufs = [w.double() for w in start], [torch.zeros(w.shape, dtype=torch.float64) for w in start]
+    for _ in range(3):
+        for i, p in enumerate(ours):
+            p.grad = torch.randn(p.shape)
+            g = p.grad.double()
+            bufs[i] += 0.05 * (g - bufs[i])
+            u = g + 0.95 * (bufs[i] - g)
+            tall = u.shape[0] > u.shape[1]
+            x = (u.T if tall else u) / u.norm()
+            for _ in range(5):
+                gram = x @ x.T
+                x = a * x + (b * gram + c * gram @ gram) @ x
+            scale = max(1.0, u.shape[0] / u.shape[1]) ** 0.5
+            exact[i] = exact[i] * (1 - 0.02 * 0.01) - 0.02 * scale * (x.T if tall else x)
+        opt.step()
+    for p, e in zip(ours, exact):
+        assert (p.double() - e).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("option", [{"matmul": "float32_accumulate"}, {"iteration": "gram"}])
+def test_float32_options_are_as_close_to_torch_as_torch_is_to_float32(option):
     """The variant's distance from torch's NS5 is no larger than torch's own bfloat16 error against the float32
-    iteration (so it keeps the math up to bfloat16 rounding), on a 64 x 96 and a tall 96 x 8 matrix."""
+    iteration (so it keeps the math up to bfloat16 rounding), on a 64 x 96 and a tall 96 x 8 matrix (the Gram form
+    runs on the latter)."""
     torch.manual_seed(1)
     a, b, c = COEFFICIENTS
     for shape in [(64, 96), (96, 8)]:
         u = torch.randn(*shape)
         torch_ns = _zeropower_via_newtonschulz(u, COEFFICIENTS, 5, 1e-7).float()
-        ours = batched_newton_schulz([u], matmul="float32_accumulate")[0].float()
+        ours = batched_newton_schulz([u], **option)[0].float()
         x = (u.T if shape[0] > shape[1] else u) / u.norm()
         for _ in range(5):
             gram = x @ x.T
@@ -73,12 +103,16 @@ def test_muon_adamw_batched_option_and_refusals():
     weight, bias = torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.zeros(6))
     assert isinstance(MuonAdamW([("w", weight), ("b", bias)], newton_schulz="batched").muon, BatchedMuon)
     assert isinstance(MuonAdamW([("w", weight), ("b", bias)]).muon, torch.optim.Muon)  # the default stays torch's
+    gram = MuonAdamW([("w", weight), ("b", bias)], newton_schulz="gram").muon
+    assert isinstance(gram, BatchedMuon) and gram.param_groups[0]["iteration"] == "gram"
     with pytest.raises(ValueError, match="newton_schulz"):
-        MuonAdamW([("w", weight)], newton_schulz="gram")
+        MuonAdamW([("w", weight)], newton_schulz="svd")
     with pytest.raises(ValueError, match="newton_schulz"):
         MuonAdamW([("w", weight)], ortho="svd", newton_schulz="batched")
     with pytest.raises(ValueError, match="matmul"):
         BatchedMuon([weight], matmul="float16")
+    with pytest.raises(ValueError, match="leave `matmul` unset"):
+        BatchedMuon([weight], iteration="gram", matmul="bfloat16")
 
 
 def test_default_matmul_follows_the_hardware():
