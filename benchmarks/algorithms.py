@@ -86,11 +86,12 @@ def parse_variant(label: str):
 
 
 # ---------------------------------------------------------------- one run
-def run_settings(dataset: str, label: str, seed: int, budget: str, validation: bool = False) -> dict:
+def run_settings(dataset: str, label: str, seed: int, budget: str, validation: bool = False,
+                 budgets: dict = BUDGETS) -> dict:
     """One run's settings (stored with it: a stored run is reused only when they match). Every task trains in
     fp32: on the AVX2 CPU of these results bf16 autocast made a MiniLM-LoRA step 17x slower (lora_federation.py)."""
     settings = {"dataset": dataset, "algorithm": label, "seed": seed, "budget": budget, **COMMON,
-                **BUDGETS[budget][dataset], "bf16": False}
+                **budgets[budget][dataset], "bf16": False}
     return {**settings, "validation": True} if validation else settings  # old stored runs keep matching
 
 

@@ -42,7 +42,7 @@ import transformers  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from algorithms import Runner, run_settings  # noqa: E402
 from comparison_report import plot, summarize, table  # noqa: E402
-from comparison_tasks import ACCURACY, BUDGETS, HERE, TARGETS  # noqa: E402
+from comparison_tasks import ACCURACY, HERE, LORA_BUDGETS, TARGETS  # noqa: E402
 
 from fedhf.metrics import write_json_atomic  # noqa: E402
 
@@ -80,7 +80,7 @@ def paired_table(task: str, by_method: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full")
+    parser.add_argument("--budget", choices=sorted(LORA_BUDGETS), default="full")
     parser.add_argument("--tasks", default="tweets,llm-lora")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"Some of {list(METHODS)}.")
     parser.add_argument("--seeds", default="0,1,2")
@@ -102,7 +102,7 @@ def main() -> None:
     for task in [t for t in cli.tasks.split(",") if t]:
         by_method = {}
         for method in methods:
-            records = [run(run_settings(task, label(task, method), int(seed), cli.budget))
+            records = [run(run_settings(task, label(task, method), int(seed), cli.budget, budgets=LORA_BUDGETS))
                        for seed in cli.seeds.split(",") if seed]
             by_method[method] = [r for r in records if r is not None]
         by_method = {m: rs for m, rs in by_method.items() if rs}
