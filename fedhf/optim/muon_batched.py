@@ -120,6 +120,11 @@ class BatchedMuon(torch.optim.Optimizer):
             if any(p.ndim != 2 for p in group["params"]):
                 raise ValueError("BatchedMuon takes 2-D parameters only (view conv filters as (out, rest)).")
 
+    def __setstate__(self, state: dict) -> None:  # torch's load_state_dict ends here
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("iteration", "standard")  # a state_dict saved before the option existed
+
     @staticmethod
     def _lr_scale(shape: torch.Size, adjust_lr_fn) -> float:
         rows, cols = shape

@@ -121,3 +121,17 @@ def test_default_matmul_follows_the_hardware():
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert default_matmul(torch.device("cpu")) == ("bfloat16" if native else "float32_accumulate")
     assert default_matmul(torch.device("cuda")) == "bfloat16"
+
+
+def test_a_state_dict_saved_before_the_iteration_option_still_loads():
+    """Checkpoints of BatchedMuon written before ``iteration`` existed resume with the standard iteration."""
+    weight = torch.nn.Parameter(torch.randn(6, 4))
+    weight.grad = torch.randn(6, 4)
+    old = BatchedMuon([weight])
+    old.step()
+    saved = old.state_dict()
+    del saved["param_groups"][0]["iteration"]
+    resumed = BatchedMuon([weight], iteration="gram")
+    resumed.load_state_dict(saved)
+    assert resumed.param_groups[0]["iteration"] == "standard"
+    resumed.step()
