@@ -20,8 +20,8 @@ whenever others were busy.
 
 Outputs (``--budget full``): ``algorithms_result.json`` (every run's per-round history), ``algorithms_result.md``
 (the tables, also printed) and ``algorithms_<task>[_tuned].png`` beside this script; other budgets write them to
-``outputs/benchmarks/algorithms_<budget>/``. About 6 s a digits run, 40-90 s a tweets run and 60-120 s an llm run
-on the shared 2-core CPU.
+``outputs/benchmarks/algorithms_<budget>/``. About 6-30 s a digits run, 150-300 s a tweets run (fp32, 20 rounds) and
+80-240 s an llm run on the shared 2-core AVX2 CPU, two runs at a time.
 
     python benchmarks/algorithms.py [--budget quick|full] [--datasets tweets,digits,llm] [--algorithms fedavg,...]
                                     [--seeds 0,1,2] [--tune] [--threads 1]
