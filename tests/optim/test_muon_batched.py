@@ -115,10 +115,12 @@ def test_muon_adamw_batched_option_and_refusals():
         BatchedMuon([weight], iteration="gram", matmul="bfloat16")
 
 
-def test_default_matmul_follows_the_hardware():
+@pytest.mark.parametrize("native", [False, True])
+def test_default_matmul_follows_the_hardware(monkeypatch, native):
+    """Both answers of the hardware probe (fedhf.checks.cpu_has_bf16_matmul), whatever CPU runs the test."""
     from fedhf.optim.muon_batched import default_matmul
 
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    monkeypatch.setattr("fedhf.optim.muon_batched.cpu_has_bf16_matmul", lambda: native)
     assert default_matmul(torch.device("cpu")) == ("bfloat16" if native else "float32_accumulate")
     assert default_matmul(torch.device("cuda")) == "bfloat16"
 
