@@ -13,8 +13,9 @@
   initializer_range 0.2, see ``LORA_BASE_INIT``), not pretrained: what the adapters learn is to steer its hidden
   states towards the answers' (frozen, tied) embeddings.
 
-Every task trains in fp32 (benchmarks/algorithms.py ``run_settings``). Every task also has a validation split for tuning: ``VALIDATION_FRACTION`` of the training rows (seeded, the
-same for every algorithm), held out of the clients' data; the tuned runs never see the test rows.
+Every task trains in fp32 (benchmarks/algorithms.py ``run_settings``). Every task also has a validation split
+for tuning: ``VALIDATION_FRACTION`` of the training rows (seeded, the same for every algorithm), held out of the
+clients' data; the tuned runs never see the test rows.
 """
 
 from __future__ import annotations
