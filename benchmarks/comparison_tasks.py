@@ -48,8 +48,10 @@ BUDGETS = {
     "full": {"tweets": dict(train_rows=2000, eval_rows=200, num_clients=20, clients_per_round=5, local_steps=5,
                             num_rounds=20, batch_size=16, eval_every_rounds=2),
              "digits": dict(num_clients=20, clients_per_round=5, local_steps=10, num_rounds=20, batch_size=32),
+             # llm: 60 rounds (evaluated every 10th): at 20 FedAvg's answers were still within noise of the
+             # majority class (0.475 +- 0.089 at lr 0.3); its validation run reached 0.595 at round 60
              "llm": dict(train_rows=2000, eval_rows=200, num_clients=20, clients_per_round=5, local_steps=5,
-                         num_rounds=20, batch_size=8, eval_every_rounds=5)},
+                         num_rounds=60, batch_size=8, eval_every_rounds=10)},
 }
 
 
@@ -188,7 +190,9 @@ def build_model(task: str, seed: int, data: dict):
 
 for _budget in BUDGETS.values():  # the LoRA variant of the llm task trains on the same rows for as long
     _budget["llm-lora"] = _budget["llm"]
-# The LoRA aggregation rules (lora_federation.py) were compared on tweets at 10 rounds, evaluated every round.
+# The LoRA aggregation rules (lora_federation.py) were compared on tweets at 10 rounds, evaluated every round, and
+# on llm-lora at 20 rounds, evaluated every 5th.
 LORA_BUDGETS = {name: dict(tasks) for name, tasks in BUDGETS.items()}
 LORA_BUDGETS["full"]["tweets"] = dict(train_rows=2000, eval_rows=200, num_clients=20, clients_per_round=5,
                                       local_steps=5, num_rounds=10, batch_size=16)
+LORA_BUDGETS["full"]["llm-lora"] = dict(LORA_BUDGETS["full"]["llm-lora"], num_rounds=20, eval_every_rounds=5)
