@@ -21,7 +21,7 @@ whenever others were busy.
 Outputs (``--budget full``): ``algorithms_result.json`` (every run's per-round history), ``algorithms_result.md``
 (the tables, also printed) and ``algorithms_<task>[_tuned].png`` beside this script; other budgets write them to
 ``outputs/benchmarks/algorithms_<budget>/``. About 6-30 s a digits run, 150-300 s a tweets run (fp32, 20 rounds) and
-80-240 s an llm run on the shared 2-core AVX2 CPU, two runs at a time.
+3.5-9 min an llm run (60 rounds) on the shared 2-core AVX2 CPU, two runs at a time.
 
     python benchmarks/algorithms.py [--budget quick|full] [--datasets tweets,digits,llm] [--algorithms fedavg,...]
                                     [--seeds 0,1,2] [--tune] [--threads 1]
