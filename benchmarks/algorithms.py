@@ -8,6 +8,8 @@ on the tweets as instructions) under strong label skew (Dirichlet alpha 0.1) and
 * ``--tune``: each algorithm at its own learning rate, chosen from the grid default x ``LR_FACTORS`` by the final
   validation score of one seed (seed 0) on rows held out of the training split (never the test rows), then run
   with every seed and scored on the test rows. The papers tune the learning rate per algorithm; so does this.
+  A choice at the grid's edge extends the grid one step further on that side (the 1-3-10 ladder), up to
+  ``GRID_EXTENSIONS`` times, so the chosen lr is bracketed by two worse ones; one still at the edge is marked so.
   The chosen lr is printed beside each row, with every grid point's validation score.
 
 Every (task, algorithm, seed) run is stored as its own JSON under ``--runs_dir``, and a run whose JSON
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -70,6 +73,7 @@ LR_FACTORS = {"tweets": (1.0, 3.0, 10.0),  # upward only: at the defaults nothin
               # on the quick budget every default left the from-scratch Llama near its untrained loss, so the grid
               # reaches 100x; tuned by answer accuracy at 60 rounds, FAdamGT and FedPAC_Muon chose 1x
               "llm": (1.0, 3.0, 10.0, 30.0, 100.0)}
+GRID_EXTENSIONS = 2  # steps beyond an edge, per tuning: each is one more seed-0 run
 COMMON = dict(dirichlet_alpha=0.1, max_length=32)
 HISTORY_KEYS = ("round", "train_loss", "eval_loss", "eval_accuracy", "eval_generation_accuracy", "learning_rate",
                 "participants", "excluded_clients", "uplink_MB", "downlink_MB", "communicated_MB")
@@ -145,14 +149,20 @@ def final_score(record: dict) -> float:
 
 
 # ---------------------------------------------------------------- learning-rate tuning
-def grid_labels(dataset: str, label: str) -> dict:
-    """{lr: label} of the tuning grid around ``label`` (a name or a variant such as ``fedpac_muon@routing=
-    hidden_only``); the default lr keeps the label as given, so its runs are the defaults' runs."""
+def ladder_step(factor: float, direction: int) -> float:
+    """The neighbour of ``factor`` on the ladder ..., 0.1, 0.3, 1, 3, 10, 30, ... above (+1) or below (-1)."""
+    rung = round(2 * math.log10(factor)) + direction  # 1 -> 0, 3 -> 1, 10 -> 2, 0.3 -> -1
+    return 10.0 ** (rung // 2) * (3.0 if rung % 2 else 1.0)
+
+
+def grid_labels(label: str, factors) -> dict:
+    """{lr: label} of the tuning grid default x ``factors`` around ``label`` (a name or a variant such as
+    ``fedpac_muon@routing=hidden_only``); the default lr keeps the label as given, so its runs are the defaults'."""
     from fedhf.algorithms import get_algorithm
 
     default = get_algorithm(parse_variant(label)[0]).local_optimizer.kwargs["lr"]
     return {float(f"{default * f:.3g}"): label if f == 1.0 else f"{label}@learning_rate={default * f:.3g}"
-            for f in LR_FACTORS[dataset]}
+            for f in sorted(factors)}
 
 
 def tuning_path(runs_dir: str, dataset: str, name: str) -> str:
@@ -160,18 +170,26 @@ def tuning_path(runs_dir: str, dataset: str, name: str) -> str:
 
 
 def tune(dataset: str, name: str, budget: str, runs_dir: str, run) -> dict:
-    """Pick ``name``'s lr on the validation rows (seed 0); ``run(settings)`` trains or loads one run. Stored as
-    {"grid": {lr: validation score}, "chosen_lr", "chosen": label} beside the runs."""
-    grid, scores = grid_labels(dataset, name), {}
-    for lr, label in grid.items():
-        record = run(run_settings(dataset, label, 0, budget, validation=True))
-        scores[lr] = None if record is None else final_score(record)
-    finished = {lr: v for lr, v in scores.items() if v is not None}
-    if not finished:
-        raise RuntimeError(f"{dataset} {name}: every tuning run failed")
-    chosen = max(finished, key=finished.get)
-    summary = {"score": SCORE[dataset], "grid": {str(lr): v for lr, v in scores.items()}, "chosen_lr": chosen,
-               "chosen": grid[chosen], "at_grid_edge": chosen in (min(grid), max(grid))}
+    """Pick ``name``'s lr on the validation rows (seed 0); ``run(settings)`` trains or loads one run. A choice at
+    an edge of the grid adds the next lr beyond it (``GRID_EXTENSIONS`` at most). Stored as {"grid": {lr:
+    validation score}, "chosen_lr", "chosen": label, "at_grid_edge"} beside the runs."""
+    factors, scores = set(LR_FACTORS[dataset]), {}
+    for extension in range(GRID_EXTENSIONS + 1):
+        grid = grid_labels(name, factors)
+        for lr, label in grid.items():
+            if lr not in scores:
+                record = run(run_settings(dataset, label, 0, budget, validation=True))
+                scores[lr] = None if record is None else final_score(record)
+        finished = {lr: v for lr, v in scores.items() if v is not None}
+        if not finished:
+            raise RuntimeError(f"{dataset} {name}: every tuning run failed")
+        chosen = max(finished, key=finished.get)
+        at_edge = chosen in (min(grid), max(grid))
+        if not at_edge or extension == GRID_EXTENSIONS:
+            break
+        factors.add(ladder_step(min(factors), -1) if chosen == min(grid) else ladder_step(max(factors), +1))
+    summary = {"score": SCORE[dataset], "grid": {str(lr): scores[lr] for lr in sorted(scores)}, "chosen_lr": chosen,
+               "chosen": grid[chosen], "at_grid_edge": at_edge}
     write_json_atomic(summary, tuning_path(runs_dir, dataset, name))
     return summary
 
