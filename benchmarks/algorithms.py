@@ -70,9 +70,9 @@ TASK_VARIANTS = {"llm": {name: name + '@local_optimizer_kwargs={"routing":"hidde
 # from papers on other models (e.g. Sophia's 3e-4 clips 96 % of its coordinates on digits).
 LR_FACTORS = {"tweets": (1.0, 3.0, 10.0),  # upward only: at the defaults nothing left the majority class
               "digits": (0.1, 0.3, 1.0, 3.0, 10.0, 30.0),
-              # on the quick budget every default left the from-scratch Llama near its untrained loss, so the grid
-              # reaches 100x; tuned by answer accuracy at 60 rounds, FAdamGT and FedPAC_Muon chose 1x
-              "llm": (1.0, 3.0, 10.0, 30.0, 100.0)}
+              # the first 60-round grids (3x-100x, by answer accuracy) chose 3x or 10x, and FAdamGT's and
+              # FedPAC_Muon's 1x scored higher still: three rungs from the default, extended at an edge
+              "llm": (1.0, 3.0, 10.0)}
 GRID_EXTENSIONS = 2  # steps beyond an edge, per tuning: each is one more seed-0 run
 COMMON = dict(dirichlet_alpha=0.1, max_length=32)
 HISTORY_KEYS = ("round", "train_loss", "eval_loss", "eval_accuracy", "eval_generation_accuracy", "learning_rate",
@@ -150,17 +150,23 @@ def final_score(record: dict) -> float:
 
 # ---------------------------------------------------------------- learning-rate tuning
 def ladder_step(factor: float, direction: int) -> float:
-    """The neighbour of ``factor`` on the ladder ..., 0.1, 0.3, 1, 3, 10, 30, ... above (+1) or below (-1)."""
+    """The neighbour of ``factor`` on the ladder ..., 0.1, 0.3, 1, 3, 10, 30, ... above (+1) or below (-1); with
+    0, the rung ``factor`` is on (an lr read back from a stored grid is 3.0000000000000004 x its default)."""
     rung = round(2 * math.log10(factor)) + direction  # 1 -> 0, 3 -> 1, 10 -> 2, 0.3 -> -1
     return 10.0 ** (rung // 2) * (3.0 if rung % 2 else 1.0)
+
+
+def default_lr(label: str) -> float:
+    """The named algorithm's default (paper) learning rate."""
+    from fedhf.algorithms import get_algorithm
+
+    return get_algorithm(parse_variant(label)[0]).local_optimizer.kwargs["lr"]
 
 
 def grid_labels(label: str, factors) -> dict:
     """{lr: label} of the tuning grid default x ``factors`` around ``label`` (a name or a variant such as
     ``fedpac_muon@routing=hidden_only``); the default lr keeps the label as given, so its runs are the defaults'."""
-    from fedhf.algorithms import get_algorithm
-
-    default = get_algorithm(parse_variant(label)[0]).local_optimizer.kwargs["lr"]
+    default = default_lr(label)
     return {float(f"{default * f:.3g}"): label if f == 1.0 else f"{label}@learning_rate={default * f:.3g}"
             for f in sorted(factors)}
 
@@ -173,7 +179,10 @@ def tune(dataset: str, name: str, budget: str, runs_dir: str, run) -> dict:
     """Pick ``name``'s lr on the validation rows (seed 0); ``run(settings)`` trains or loads one run. A choice at
     an edge of the grid adds the next lr beyond it (``GRID_EXTENSIONS`` at most). Stored as {"grid": {lr:
     validation score}, "chosen_lr", "chosen": label, "at_grid_edge"} beside the runs."""
-    factors, scores = set(LR_FACTORS[dataset]), {}
+    scores = stored_scores(runs_dir, dataset, name, budget)
+    default = default_lr(name)
+    # a stored tuning is extended from where it stopped; a new one starts from the task's grid
+    factors = {ladder_step(lr / default, 0) for lr in scores} or set(LR_FACTORS[dataset])
     for extension in range(GRID_EXTENSIONS + 1):
         grid = grid_labels(name, factors)
         for lr, label in grid.items():
@@ -189,9 +198,52 @@ def tune(dataset: str, name: str, budget: str, runs_dir: str, run) -> dict:
             break
         factors.add(ladder_step(min(factors), -1) if chosen == min(grid) else ladder_step(max(factors), +1))
     summary = {"score": SCORE[dataset], "grid": {str(lr): scores[lr] for lr in sorted(scores)}, "chosen_lr": chosen,
-               "chosen": grid[chosen], "at_grid_edge": at_edge}
+               "chosen": grid[chosen], "at_grid_edge": at_edge, "settings": tuning_settings(dataset, budget)}
     write_json_atomic(summary, tuning_path(runs_dir, dataset, name))
     return summary
+
+
+def tuning_settings(dataset: str, budget: str) -> dict:
+    """What a tuning's validation runs share, whatever the algorithm: stored with its summary, so that scores
+    measured at another budget (the llm task went from 20 to 60 rounds) are never taken for this one's."""
+    settings = run_settings(dataset, "", 0, budget, validation=True)
+    del settings["algorithm"]
+    return settings
+
+
+def stored_scores(runs_dir: str, dataset: str, name: str, budget: str) -> dict:
+    """{lr: validation score} of a stored tuning of ``name`` at these settings (empty if none): the grid points it
+    already measured are not run again when the grid grows or the runs' own JSONs are gone (``--restore``)."""
+    path = tuning_path(runs_dir, dataset, name)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        stored = json.load(f)
+    if stored.get("settings") != tuning_settings(dataset, budget):
+        return {}
+    return {float(lr): score for lr, score in stored["grid"].items()}
+
+
+def restore(results_json: str, runs_dir: str, budget: str) -> int:
+    """Write a published ``algorithms_result.json``'s test runs and tuning summaries into ``runs_dir``, so a fresh
+    checkout adds to the published tables instead of rerunning them (the runs' own JSONs live under outputs/, which
+    is not committed). Only runs whose settings are the current code's are written; returns how many."""
+    with open(results_json) as f:
+        published = json.load(f)
+    written = 0
+    for record in published["runs"]:
+        settings = record["settings"]
+        current = run_settings(settings["dataset"], settings["algorithm"], settings["seed"], budget)
+        if settings == current and cached(run_path(runs_dir, settings), settings) is None:
+            write_json_atomic(record, run_path(runs_dir, settings))
+            written += 1
+    for dataset, summaries in published["tuning"].items():
+        for name, summary in summaries.items():
+            path = tuning_path(runs_dir, dataset, name)
+            if not os.path.exists(path):  # the summaries were made at the budget of the runs beside them
+                write_json_atomic({**summary, "settings": tuning_settings(dataset, budget)}, path)
+                written += 1
+    return written
 
 
 def code_version() -> str:
@@ -345,6 +397,8 @@ def main() -> None:
     parser.add_argument("--runs_dir", default=None, help="Per-run JSONs; default outputs/benchmarks/algorithms/BUDGET.")
     parser.add_argument("--results_dir", default=None,
                         help="Where the JSON, table and plots go; default benchmarks/ for full, else outputs/.")
+    parser.add_argument("--restore", default=None, metavar="RESULTS_JSON",
+                        help="First copy a published algorithms_result.json's runs and tunings into --runs_dir.")
     cli = parser.parse_args()
     torch.set_num_threads(cli.threads)
     transformers.utils.logging.set_verbosity_error()
@@ -357,6 +411,8 @@ def main() -> None:
     chosen = [d for d in cli.datasets.split(",") if d]
     if set(chosen) - set(TASKS):
         parser.error(f"--datasets: unknown {sorted(set(chosen) - set(TASKS))}; known: {TASKS} ('' reports only)")
+    if cli.restore:
+        print(f"restored {restore(cli.restore, runs_dir, cli.budget)} runs and tunings into {runs_dir}")
     run = Runner(runs_dir)
     for dataset in chosen:
         labels = ALGORITHMS if cli.algorithms is None else cli.algorithms.split(",")
