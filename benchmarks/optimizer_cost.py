@@ -11,8 +11,8 @@ forward, backward, ``clip_grad_norm_`` to 1.0, ``step``, ``zero_grad`` -- agains
 (16 rows x 256) and at the earlier issue's ~910 (7 x 130). Goals at 4K: Muon <= 1.10x, SOAP <= 1.5x,
 Sophia <= 1.25x. Rows ``muon[batched]`` (``newton_schulz="batched"``), ``muon[gram]`` (``newton_schulz="gram"``,
 Gram Newton-Schulz in float32) are fedhf's cheaper options (6c); ``sophia[multinomial]``
-(``label_sampler="multinomial"``, the Sophia authors' draws) is the default GNB sampler until 2026-11-24. Every optimizer trains its own copy of the
-model, all in one process: step r gives batch r to
+(``label_sampler="multinomial"``, the Sophia authors' draws) was the default GNB sampler until 2026-11-24.
+Every optimizer trains its own copy of the model, all in one process: step r gives batch r to
 each in turn (the order rotates), so drift in machine load hits all alike. The first step is not timed (SOAP's
 builds its eigenbases, printed as ``step 0``); the next steps come in periods of 10 (SOAP's eigenbasis refresh and
 Sophia's curvature refresh once per period): ms/step is the mean over the 10 positions of each position's median

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from fedhf.metrics import write_json_atomic
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESET = ["--algorithm_kwargs", "{}"]  # a baseline at its own defaults (the papers' Table 8 rows, ALGORITHMS.md 2)
@@ -106,8 +108,7 @@ def run_row(recipe: str, row: str, overrides: list, seed: int, runs_dir: str) ->
         raise RuntimeError(f"{recipe} {row}: stopped at round {history[-1]['round']}")
     record = {"history": history, "wall_s": time.perf_counter() - start,
               "command": " ".join(command[1:]).replace(sys.executable, "python")}
-    with open(done, "w") as f:
-        json.dump(record, f)
+    write_json_atomic(record, done)  # a run killed while writing leaves no half row for the resume to trust
     return record
 
 

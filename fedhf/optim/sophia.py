@@ -115,7 +115,7 @@ def sample_labels(logits: torch.Tensor, sampler: str = "inverse_cdf") -> torch.T
     cumulative probability reaches u -- P(y = i) = p_i from C times fewer random numbers. ``"multinomial"``:
     ``torch.multinomial``, what the Sophia authors' ``train_sophiag.py`` calls: the same distribution, other draws
     for a given seed, and one exponential draw per logit -- on CPU at 4,096 tokens x 10,240 classes more than a
-    training step, so with it Sophia's whole 4K-token local step cost 1.29-1.31x AdamW's against 1.19-1.20x
+    training step, so with it Sophia's whole 4K-token local step cost 1.29-1.33x AdamW's against 1.16-1.20x
     (benchmarks/README, two machines); an LLM's 32-256 K vocabulary makes the gap wider."""
     probs = torch.softmax(logits.detach().to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     if sampler == "multinomial":
