@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, Trai
 
 from fedhf import FederatedTrainer
 from fedhf.params import federated_buffers, trainable_parameters
+from fedhf.quantization import keep_trainable_4bit_layout
 
 from .helpers import causal_lm_collator, config, sentiment_pairs, tiny_llama_dir, tokenized_pairs
 
@@ -114,6 +115,7 @@ def test_saved_adapter_reloads_on_a_freshly_quantised_base(base, pairs, tokenize
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fresh = AutoModelForCausalLM.from_pretrained(base, quantization_config=quantisation(bits), device_map="cpu")
+    keep_trainable_4bit_layout(fresh)  # evaluate with the kernel the trainer used (not bitsandbytes' CPU inference one)
     reloaded = PeftModel.from_pretrained(fresh, str(saved))
     plain = Trainer(model=reloaded, args=TrainingArguments(str(tmp_path / "eval"), report_to="none", use_cpu=True,
                                                            per_device_eval_batch_size=16),
@@ -147,3 +149,26 @@ def test_a_quantised_run_resumes_to_the_same_adapter(base, pairs, tokenizer, tmp
     resumed = run(tmp_path / "cut", resume=True)
     assert full.keys() == resumed.keys()
     assert all(torch.equal(full[n], resumed[n]) for n in full)
+
+
+def test_a_base_repacked_for_cpu_inference_is_refused_before_any_work(base, pairs, tokenizer, tmp_path):
+    """bitsandbytes repacks a 4-bit weight for its CPU inference kernel (on AVX512-BF16 CPUs, at the first no-grad eval
+    forward); that layout cannot be trained. The trainer turns the repack off for its run, and a model repacked
+    before the trainer was built is refused with the fix named. The repack is made here directly, so the test
+    does not depend on the CPU it runs on."""
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu
+
+    model = qlora(base, 4)
+    trainer(model, pairs, tokenizer, run_config(tmp_path / "fine"))
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    assert len(layers) == 14 and not any(getattr(m, "support_avx512bf16_for_cpu", False) for m in layers)
+
+    model = qlora(base, 4)
+    layer = next(m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
+    layer.weight.data, layer.weight.quant_state = _convert_weight_packed_for_cpu(layer.weight.data,
+                                                                                 layer.weight.quant_state)
+    with pytest.raises(ValueError, match="repacked by bitsandbytes for CPU inference.*Load the model again"):
+        trainer(model, pairs, tokenizer, run_config(tmp_path / "repacked"))
+    run = tmp_path / "repacked" / "run"
+    assert not run.exists() or not any(run.iterdir())  # nothing written
