@@ -33,29 +33,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import tempfile
-import time
-import traceback
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import datasets  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from fedhf import FederatedConfig, FederatedTrainer  # noqa: E402
-from fedhf.data import partition_dataset  # noqa: E402
-from fedhf.metrics import accuracy_metrics, write_json_atomic  # noqa: E402
+from fedhf.metrics import write_json_atomic  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from algorithm_runs import Runner, cached, parse_variant, run_path, run_settings  # noqa: E402
 from comparison_report import plot, summarize, table  # noqa: E402
-from comparison_tasks import (ACCURACY, BUDGETS, HERE, SCORE, TARGETS, TASKS, build_model,  # noqa: E402
-                              load_data, with_validation)
+from comparison_tasks import BUDGETS, HERE, TARGETS, TASKS  # noqa: E402
+from lr_tuning import stored_tuning, tune, tuning_path, tuning_settings  # noqa: E402
 
 ALGORITHMS = ["fedavg", "local_adamw", "local_muon", "fedmuon", "fedpac_muon", "fedpac_soap", "local_sophia",
               "fedpac_sophia", "scaffold", "fadam_gt", "fedpm"]
@@ -66,163 +60,6 @@ SKIP = {"llm": {"fedpac_soap"}}
 # model, through bfloat16 Newton-Schulz (19 min a run on this AVX2 CPU, one validation run, eval loss 5.98).
 TASK_VARIANTS = {"llm": {name: name + '@local_optimizer_kwargs={"routing":"hidden_only"}'
                          for name in ("local_muon", "fedmuon", "fedpac_muon")}}
-# The tuning grids, as multiples of each algorithm's default lr: three decades around it, since the defaults come
-# from papers on other models (e.g. Sophia's 3e-4 clips 96 % of its coordinates on digits).
-LR_FACTORS = {"tweets": (1.0, 3.0, 10.0),  # upward only: at the defaults nothing left the majority class
-              "digits": (0.1, 0.3, 1.0, 3.0, 10.0, 30.0),
-              # the first 60-round grids (3x-100x, by answer accuracy) chose 3x or 10x, and FAdamGT's and
-              # FedPAC_Muon's 1x scored higher still: three rungs from the default, extended at an edge
-              "llm": (1.0, 3.0, 10.0)}
-GRID_EXTENSIONS = 2  # steps beyond an edge, per tuning: each is one more seed-0 run
-COMMON = dict(dirichlet_alpha=0.1, max_length=32)
-HISTORY_KEYS = ("round", "train_loss", "eval_loss", "eval_accuracy", "eval_generation_accuracy", "learning_rate",
-                "participants", "excluded_clients", "uplink_MB", "downlink_MB", "communicated_MB")
-
-
-# ---------------------------------------------------------------- variants
-def parse_variant(label: str):
-    """``fedavg`` -> ("fedavg", {}); ``fedavg@learning_rate=1.0@server_rule=flora`` -> ("fedavg",
-    {"learning_rate": 1.0, "server_rule": "flora"})."""
-    name, *pairs = label.split("@")
-    overrides = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:  # a bare word: a string (server_rule=fedex_lora)
-            overrides[key] = value
-    return name, overrides
-
-
-# ---------------------------------------------------------------- one run
-def run_settings(dataset: str, label: str, seed: int, budget: str, validation: bool = False,
-                 budgets: dict = BUDGETS) -> dict:
-    """One run's settings (stored with it: a stored run is reused only when they match). Every task trains in
-    fp32: on the AVX2 CPU of these results bf16 autocast made a MiniLM-LoRA step 17x slower (lora_federation.py)."""
-    settings = {"dataset": dataset, "algorithm": label, "seed": seed, "budget": budget, **COMMON,
-                **budgets[budget][dataset], "bf16": False}
-    return {**settings, "validation": True} if validation else settings  # old stored runs keep matching
-
-
-def run_one(settings: dict, data: dict) -> dict:
-    """Train one configuration; returns its record (history, wall time, split summary)."""
-    name, overrides = parse_variant(settings["algorithm"])
-    with tempfile.TemporaryDirectory(prefix="fedhf-bench-") as out:
-        args = FederatedConfig(
-            output_dir=out, algorithm=name, seed=settings["seed"], num_clients=settings["num_clients"],
-            clients_per_round=settings["clients_per_round"], num_rounds=settings["num_rounds"],
-            local_steps=settings["local_steps"], per_device_train_batch_size=settings["batch_size"],
-            per_device_eval_batch_size=128, partition="dirichlet", dirichlet_alpha=settings["dirichlet_alpha"],
-            bf16=settings["bf16"], use_cpu=True, eval_on_start=True,
-            eval_every_rounds=settings.get("eval_every_rounds", 1), partition_report=False,
-            report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
-            dataloader_num_workers=0, partition_max_retries=1000, **overrides)  # retries: only draws that failed change
-        # fedhf's own Dirichlet split (what the trainer would draw), over rows served from memory
-        parts, split = partition_dataset(data["arrow_train"], args)
-        classifier = not settings["dataset"].startswith("llm")
-        trainer = FederatedTrainer(model=build_model(settings["dataset"], settings["seed"], data), args=args,
-                                   train_dataset=data["train"], eval_dataset=data["test"], client_partitions=parts,
-                                   data_collator=data["collator"], processing_class=data["tokenizer"],
-                                   compute_metrics=accuracy_metrics if classifier else None,
-                                   callbacks=data["callbacks"])
-        trainer.remove_callback(transformers.PrinterCallback)  # one progress line per run instead
-        load_before, start = os.getloadavg()[0], time.perf_counter()
-        trainer.train()
-        wall = time.perf_counter() - start
-    history = [{k: v for k, v in entry.items() if k in HISTORY_KEYS or k.startswith("precond_drift")}
-               for entry in trainer.federated_history]
-    labels = np.asarray([row["label"] for row in data["test"]])
-    return {"settings": settings, "wall_s": wall, "history": history, "threads": torch.get_num_threads(),
-            "load_average_1min": [load_before, os.getloadavg()[0]], "fedhf_commit": code_version(),
-            "majority_accuracy": float(np.bincount(labels).max() / len(labels)),
-            "algorithm_description": trainer.algorithm.describe(),
-            "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-            "client_sizes": split["sizes"], "label_skew": split["label_skew"]}
-
-
-def final_score(record: dict) -> float:
-    """The task's score after the last round, as a number to maximise (a loss is negated; NaN ranks last)."""
-    key, sense = SCORE[record["settings"]["dataset"]]
-    value = record["history"][-1].get(key, float("nan"))
-    value = value if sense == "max" else -value
-    return value if np.isfinite(value) else -float("inf")
-
-
-# ---------------------------------------------------------------- learning-rate tuning
-def ladder_step(factor: float, direction: int) -> float:
-    """The neighbour of ``factor`` on the ladder ..., 0.1, 0.3, 1, 3, 10, 30, ... above (+1) or below (-1); with
-    0, the rung ``factor`` is on (an lr read back from a stored grid is 3.0000000000000004 x its default)."""
-    rung = round(2 * math.log10(factor)) + direction  # 1 -> 0, 3 -> 1, 10 -> 2, 0.3 -> -1
-    return 10.0 ** (rung // 2) * (3.0 if rung % 2 else 1.0)
-
-
-def default_lr(label: str) -> float:
-    """The named algorithm's default (paper) learning rate."""
-    from fedhf.algorithms import get_algorithm
-
-    return get_algorithm(parse_variant(label)[0]).local_optimizer.kwargs["lr"]
-
-
-def grid_labels(label: str, factors) -> dict:
-    """{lr: label} of the tuning grid default x ``factors`` around ``label`` (a name or a variant such as
-    ``fedpac_muon@routing=hidden_only``); the default lr keeps the label as given, so its runs are the defaults'."""
-    default = default_lr(label)
-    return {float(f"{default * f:.3g}"): label if f == 1.0 else f"{label}@learning_rate={default * f:.3g}"
-            for f in sorted(factors)}
-
-
-def tuning_path(runs_dir: str, dataset: str, name: str) -> str:
-    return os.path.join(runs_dir, "tuning", dataset, f"{name}.json")
-
-
-def tune(dataset: str, name: str, budget: str, runs_dir: str, run) -> dict:
-    """Pick ``name``'s lr on the validation rows (seed 0); ``run(settings)`` trains or loads one run. A choice at
-    an edge of the grid adds the next lr beyond it (``GRID_EXTENSIONS`` at most). Stored as {"grid": {lr:
-    validation score}, "chosen_lr", "chosen": label, "at_grid_edge"} beside the runs."""
-    scores = stored_scores(runs_dir, dataset, name, budget)
-    default = default_lr(name)
-    # a stored tuning is extended from where it stopped; a new one starts from the task's grid
-    factors = {ladder_step(lr / default, 0) for lr in scores} or set(LR_FACTORS[dataset])
-    for extension in range(GRID_EXTENSIONS + 1):
-        grid = grid_labels(name, factors)
-        for lr, label in grid.items():
-            if lr not in scores:
-                record = run(run_settings(dataset, label, 0, budget, validation=True))
-                scores[lr] = None if record is None else final_score(record)
-        finished = {lr: v for lr, v in scores.items() if v is not None}
-        if not finished:
-            raise RuntimeError(f"{dataset} {name}: every tuning run failed")
-        chosen = max(finished, key=finished.get)
-        at_edge = chosen in (min(grid), max(grid))
-        if not at_edge or extension == GRID_EXTENSIONS:
-            break
-        factors.add(ladder_step(min(factors), -1) if chosen == min(grid) else ladder_step(max(factors), +1))
-    summary = {"score": SCORE[dataset], "grid": {str(lr): scores[lr] for lr in sorted(scores)}, "chosen_lr": chosen,
-               "chosen": grid[chosen], "at_grid_edge": at_edge, "settings": tuning_settings(dataset, budget)}
-    write_json_atomic(summary, tuning_path(runs_dir, dataset, name))
-    return summary
-
-
-def tuning_settings(dataset: str, budget: str) -> dict:
-    """What a tuning's validation runs share, whatever the algorithm: stored with its summary, so that scores
-    measured at another budget (the llm task went from 20 to 60 rounds) are never taken for this one's."""
-    settings = run_settings(dataset, "", 0, budget, validation=True)
-    del settings["algorithm"]
-    return settings
-
-
-def stored_scores(runs_dir: str, dataset: str, name: str, budget: str) -> dict:
-    """{lr: validation score} of a stored tuning of ``name`` at these settings (empty if none): the grid points it
-    already measured are not run again when the grid grows or the runs' own JSONs are gone (``--restore``)."""
-    path = tuning_path(runs_dir, dataset, name)
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        stored = json.load(f)
-    if stored.get("settings") != tuning_settings(dataset, budget):
-        return {}
-    return {float(lr): score for lr, score in stored["grid"].items()}
-
 
 def restore(results_json: str, runs_dir: str, budget: str) -> int:
     """Write a published ``algorithms_result.json``'s test runs and tuning summaries into ``runs_dir``, so a fresh
@@ -246,22 +83,6 @@ def restore(results_json: str, runs_dir: str, budget: str) -> int:
     return written
 
 
-def code_version() -> str:
-    """The git commit of the fedhf checkout, "+dirty" when fedhf/ has uncommitted changes."""
-    import subprocess
-
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+dirty" if git("status", "--porcelain", "--", "../fedhf") else "")
-
-
-def run_path(runs_dir: str, settings: dict) -> str:
-    prefix = "validation_seed" if settings.get("validation") else "seed"
-    return os.path.join(runs_dir, settings["dataset"], settings["algorithm"], f"{prefix}{settings['seed']}.json")
-
-
 def stored_records(runs_dir: str, budget: str) -> list:
     """Every stored test run of this budget whose settings are still the current ones (any task, algorithm or
     variant, seed), default algorithms first: the report covers all of them, not just this invocation's."""
@@ -278,65 +99,6 @@ def stored_records(runs_dir: str, budget: str) -> list:
                 if record is not None:
                     records.append(record)
     return records
-
-
-def stored_tuning(runs_dir: str) -> dict:
-    """{task: {algorithm: tuning summary}} of every stored tuning."""
-    tuning = {}
-    for dataset in TASKS:
-        folder = os.path.join(runs_dir, "tuning", dataset)
-        for file in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            with open(os.path.join(folder, file)) as f:
-                tuning.setdefault(dataset, {})[file[:-5]] = json.load(f)
-    return tuning
-
-
-class Runner:
-    """``runner(settings)``: the stored run of ``settings``, or trained now and stored; None when it crashed (the
-    traceback is kept and printed: a crash is a finding, and the other runs go on). Data is loaded once per task."""
-
-    def __init__(self, runs_dir: str):
-        self.runs_dir, self.failures, self.loaded = runs_dir, [], {}
-
-    def data(self, settings: dict) -> dict:
-        dataset, validation = settings["dataset"], settings.get("validation", False)
-        if (dataset, validation) not in self.loaded:
-            data = load_data(dataset, settings)
-            self.loaded[dataset, validation] = with_validation(dataset, data) \
-                if validation and not dataset.startswith("llm") else data
-        return self.loaded[dataset, validation]
-
-    def __call__(self, settings: dict):
-        path, dataset = run_path(self.runs_dir, settings), settings["dataset"]
-        record, status = cached(path, settings), "cached"
-        if record is None:
-            try:
-                record, status = run_one(settings, self.data(settings)), "ran"
-            except Exception:
-                self.failures.append(f"{dataset} {settings['algorithm']} seed {settings['seed']}:\n"
-                                     f"{traceback.format_exc()}")
-                print(self.failures[-1], file=sys.stderr, flush=True)
-                return None
-            write_json_atomic(record, path)
-        final, key = record["history"][-1], ACCURACY[dataset]
-        print(f"{dataset:6s} {settings['algorithm']:30s} {'val ' if settings.get('validation') else ''}seed "
-              f"{settings['seed']}: {key} {final.get(key, float('nan')):.3f} eval_loss "
-              f"{final.get('eval_loss', float('nan')):.3f} {final['communicated_MB']:8.1f} MB "
-              f"{record['wall_s']:6.1f} s ({status})", flush=True)
-        return record
-
-    def exit_on_failures(self) -> None:
-        if self.failures:
-            print(f"{len(self.failures)} run(s) failed; see the tracebacks above.", file=sys.stderr)
-            sys.exit(1)
-
-
-def cached(path: str, settings: dict):
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        record = json.load(f)
-    return record if record.get("settings") == settings else None
 
 
 def report(records: list, tuning: dict, budget: str, out_dir: str, threads: int) -> str:

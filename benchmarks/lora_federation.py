@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from algorithms import Runner, run_settings  # noqa: E402
+from algorithm_runs import Runner, run_settings  # noqa: E402
 from comparison_report import plot, summarize, table  # noqa: E402
 from comparison_tasks import ACCURACY, HERE, LORA_BUDGETS, TARGETS  # noqa: E402
 
