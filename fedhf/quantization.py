@@ -7,7 +7,7 @@ fails in its first forward (4-bit: an AssertionError after "FP4 quantization sta
 ``'Parameter' object has no attribute 'CB'``). transformers leaves a causal LM's ``lm_head`` unquantised already.
 
 And one setting made before any work: the 4-bit weights keep the layout training backpropagates through
-(``keep_trainable_4bit_layout``).
+(``keep_trainable_4bit_layout``). The trainer calls ``prepare_quantised_base``, which does both.
 """
 
 from __future__ import annotations
@@ -79,3 +79,9 @@ def keep_trainable_4bit_layout(model: torch.nn.Module) -> None:
             f"{len(repacked)} 4-bit layer(s) were repacked by bitsandbytes for CPU inference {repacked[:3]}: the model "
             f"ran a forward in eval mode without grad before FederatedTrainer was built, and that layout cannot be "
             f"trained. Load the model again and build the trainer before evaluating it (trainer.evaluate() is safe).")
+
+
+def prepare_quantised_base(model: torch.nn.Module) -> None:
+    """Everything a quantised base needs before the federated run: refused if a layer would fail, kept trainable."""
+    check_quantised_layers(model)
+    keep_trainable_4bit_layout(model)

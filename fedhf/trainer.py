@@ -54,7 +54,7 @@ from .model_outputs import loss_items
 from .optim import ModelAccess, OptimizerHooks
 from .params import difference, load_into, num_bytes, snapshot, trainable_parameters
 from .processes import process_world
-from .quantization import check_quantised_layers, keep_trainable_4bit_layout
+from .quantization import prepare_quantised_base
 from .schedule import round_learning_rate, sample_clients, stream_seed
 from .state import ClientStateStore
 from .state.rotation import rotate_checkpoints
@@ -98,8 +98,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         # the process map and the round's all-reduce count the same processes
         self.world = process_world(args, args.client_parallel)
         check_personal_eval(args, self.world.size)
-        check_quantised_layers(self.model)
-        keep_trainable_4bit_layout(self.model)
+        prepare_quantised_base(self.model)
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)

@@ -160,9 +160,11 @@ def test_a_base_repacked_for_cpu_inference_is_refused_before_any_work(base, pair
     from bitsandbytes.functional import _convert_weight_packed_for_cpu
 
     model = qlora(base, 4)
-    trainer(model, pairs, tokenizer, run_config(tmp_path / "fine"))
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
-    assert len(layers) == 14 and not any(getattr(m, "support_avx512bf16_for_cpu", False) for m in layers)
+    for layer in layers:  # as bitsandbytes sets it on an AVX512-BF16 CPU, whatever CPU runs the test
+        layer.support_avx512bf16_for_cpu = True
+    trainer(model, pairs, tokenizer, run_config(tmp_path / "fine"))
+    assert len(layers) == 14 and not any(layer.support_avx512bf16_for_cpu for layer in layers)
 
     model = qlora(base, 4)
     layer = next(m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
