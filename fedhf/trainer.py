@@ -86,7 +86,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                  partition_key: Optional[Callable[[dict], Hashable]] = None, **trainer_kwargs) -> None:
         if not isinstance(args, FederatedConfig):
             raise TypeError(f"FederatedTrainer needs `args=FederatedConfig(...)`, got {type(args).__name__}.")
-        check_not_streaming(trainer_kwargs.get("train_dataset"), "train_dataset")  # Trainer's own error names max_steps
+        # by name or by position (Trainer's order: data_collator, train_dataset); Trainer's own error names max_steps
+        train_dataset = trainer_kwargs.get("train_dataset", trainer_args[1] if len(trainer_args) > 1 else None)
+        check_not_streaming(train_dataset, "train_dataset")
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if self.train_dataset is None:
             raise ValueError("FederatedTrainer needs a `train_dataset` to split over clients.")
