@@ -7,20 +7,20 @@ falls only on what the model should learn to write.
 * ``text``: labels on every token (plain language modelling).
 
 The format is picked by column, in that order. Every other column (e.g. the category the Dirichlet split uses) is
-kept, so ``FederatedConfig(partition_column=...)`` works on the result. Rows left without a single label token
-(a long system prompt or prompt that truncation leaves alone, a chat without an assistant turn) teach nothing
-and are dropped with a warning that counts them, as trl does.
+kept, so ``FederatedConfig(partition_column=...)`` works on the result. Rows without a single label token (a
+chat whose system prompt fills ``max_length`` so that truncation cuts every assistant token, a chat without an
+assistant turn) teach nothing and are dropped with a warning that counts them, as trl does.
 
 Packing concatenates the examples and cuts blocks of ``max_length`` (the "wrapped" strategy trl also offers, so an
 example may be split over two blocks), and keeps the examples apart inside a block as Krell et al. 2021
-("Efficient sequence packing without cross-contamination") do: each block carries per-document ``position_ids``
-restarting at 0 at every document (and at the block's start) and no ``attention_mask``, the padding-free format
-from which transformers builds a block-diagonal causal mask (sdpa and eager attention: a token attends only to its
-own document's earlier tokens) or the flash-attention varlen boundaries; the first token of each document is not
-a label, since it would be predicted from the previous document. A packed batch's logits and loss on a document
-equal that document's alone (tests/data/test_sft.py checks this on a Llama). ``SFTCollator`` passes them on, with
-``use_cache=False``, without which transformers' models build a cache and then ignore ``position_ids`` as document
-boundaries.
+("Efficient sequence packing without cross-contamination", arXiv:2107.02027) do: each block carries
+per-document ``position_ids`` restarting at 0 at every document (and at the block's start) and no
+``attention_mask``, the padding-free format from which transformers builds a block-diagonal causal mask (sdpa and
+eager attention: a token attends only to its own document's earlier tokens) or the flash-attention varlen
+boundaries; the first token of each document is not a label, since it would be predicted from the previous
+document. A packed batch's logits and loss on a document equal that document's alone (tests/data/test_sft.py
+checks this on a Llama). ``SFTCollator`` passes them on, with ``use_cache=False``, without which transformers'
+models build a cache and then ignore ``position_ids`` as document boundaries.
 
 Usage::
 
