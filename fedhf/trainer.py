@@ -86,7 +86,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                  partition_key: Optional[Callable[[dict], Hashable]] = None, **trainer_kwargs) -> None:
         if not isinstance(args, FederatedConfig):
             raise TypeError(f"FederatedTrainer needs `args=FederatedConfig(...)`, got {type(args).__name__}.")
-        check_not_streaming(trainer_kwargs.get("train_dataset"), "train_dataset")  # Trainer's own error names max_steps
+        # by name or by position (Trainer's order: data_collator, train_dataset); Trainer's own error names max_steps
+        train_dataset = trainer_kwargs.get("train_dataset", trainer_args[1] if len(trainer_args) > 1 else None)
+        check_not_streaming(train_dataset, "train_dataset")
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if self.train_dataset is None:
             raise ValueError("FederatedTrainer needs a `train_dataset` to split over clients.")
@@ -380,8 +382,15 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         token classifiers likewise without the shift) and rows otherwise (sequence/image classifiers: the per-row
         mean). The weight goes through the divisor Trainer's ``training_step`` applies (a plain 1/G would
         overweight a short micro-batch). With G = 1 nothing changes.
+
+        A micro-batch without a single item (every label -100) has nothing to learn and is not run (the model's
+        mean over it would be 0/0 = NaN and exclude the client). A step whose micro-batches all lack one leaves
+        every gradient None (the optimizers skip such parameters) and adds 0 to the summed loss, which the round
+        still divides by local_steps (the same as for G > 1).
         """
         if len(micro_batches) == 1:
+            if loss_items(micro_batches[0], self._loss_shifts_labels) == 0:
+                return torch.zeros((), dtype=torch.float64)
             return self.training_step(self.model, micro_batches[0]).double()
         if self.compute_loss_func is not None or self.loss_is_scaled_for_ga:
             raise ValueError("gradient_accumulation_steps > 1 needs the model's own mean loss; a `compute_loss_func` "

@@ -3,6 +3,7 @@ of one step over their union (per-row mean for a classifier, per-token mean for 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DataCollatorForSeq2Seq, LlamaConfig, LlamaForCausalLM
 
@@ -78,3 +79,36 @@ def test_causal_lm_micro_batches_give_the_per_token_mean_of_the_union(tmp_path, 
         return model, trainer
 
     _assert_same(_one_step(trainer_for, 16, 1), _one_step(trainer_for, 8, 2))
+
+
+def test_a_batch_without_a_label_token_is_a_step_that_moves_nothing(tmp_path, tokenizer):
+    """G = 1: a batch whose labels are all -100 is not run (the model's mean over it is 0/0 = NaN, which excluded
+    the whole client for the round). Two steps over [labelled row, label-less row] then give the model of one step
+    over the labelled row, and half its loss (the round's loss is a mean over local_steps)."""
+    from datasets import Dataset
+
+    from fedhf.data.sft import SFTCollator
+
+    from .helpers import tiny_llama_lora
+
+    text = tokenizer("what a lovely day it is", add_special_tokens=False)["input_ids"]
+    rows = Dataset.from_dict({"input_ids": [text, text], "attention_mask": [[1] * len(text)] * 2,
+                              "labels": [text, [-100] * len(text)]})
+
+    def run(partition, steps):
+        model = tiny_llama_lora(len(tokenizer))
+        args = config(tmp_path / f"steps{steps}", algorithm="fedavg", num_clients=1, clients_per_round=1,
+                      num_rounds=1, local_steps=steps, per_device_train_batch_size=1, learning_rate=0.5,
+                      partition_report=False, max_excluded_rounds=0)
+        trainer = FederatedTrainer(model=model, args=args, train_dataset=rows, data_collator=SFTCollator(tokenizer),
+                                   client_partitions=[partition])
+        trainer.train()
+        return trainable_state(model), trainer.federated_history[-1]
+
+    (with_empty, log), (alone, alone_log) = run([0, 1], 2), run([0], 1)
+    assert log["participants"] == 1 and log["excluded_clients"] == 0
+    assert log["train_loss"] == pytest.approx(alone_log["train_loss"] / 2, rel=1e-12)
+    assert any(not torch.equal(t, tiny) for t, tiny in zip(alone.values(), trainable_state(
+        tiny_llama_lora(len(tokenizer))).values()))  # the labelled step trained
+    for name in alone:
+        torch.testing.assert_close(with_empty[name], alone[name], rtol=0, atol=0, msg=name)

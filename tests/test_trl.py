@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import warnings
 
 import pytest
@@ -42,11 +44,14 @@ FEDERATION = dict(num_clients=4, clients_per_round=3, num_rounds=2, local_steps=
                   algorithm="fedavg", learning_rate=1.0, partition_report=False)
 
 
+DEFAULT = object()  # an override that leaves the field to its default
+
+
 def sft_config(tmp_path, **overrides) -> FederatedSFTConfig:
     base = dict(output_dir=str(tmp_path / "run"), report_to="none", disable_tqdm=True, logging_strategy="no",
                 save_strategy="no", seed=0, use_cpu=True, bf16=False, gradient_checkpointing=False,
                 eos_token="[SEP]", completion_only_loss=True, **FEDERATION)
-    return FederatedSFTConfig(**{**base, **overrides})
+    return FederatedSFTConfig(**{k: v for k, v in {**base, **overrides}.items() if v is not DEFAULT})
 
 
 def adapter(model) -> dict:
@@ -61,7 +66,6 @@ def test_the_config_and_trainer_keep_one_round_loop():
     assert mro[1] is FederatedTrainer and mro.index(SFTTrainer) < mro.index(Trainer)
     assert issubclass(FederatedSFTConfig, fedhf.FederatedConfig) and issubclass(FederatedSFTConfig, SFTConfig)
     assert FederatedSFTTrainer.train is FederatedTrainer.train
-    assert FederatedSFTTrainer.compute_loss is SFTTrainer.compute_loss
     assert fedhf.FederatedSFTTrainer is FederatedSFTTrainer  # lazily exported
 
 
@@ -97,7 +101,8 @@ def test_trl_path_equals_the_plain_path_with_the_same_masking(base, pairs, token
 
 def test_a_trl_run_with_peft_config_and_bf16_lowers_eval_loss(base, pairs, tokenizer, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(base)
-    args = sft_config(tmp_path, bf16=True)  # trl's default precision
+    args = sft_config(tmp_path, bf16=DEFAULT)  # trl's default precision
+    assert args.bf16 is True and args.use_cpu  # trl's rule (bf16 unless fp16); no GPU here, so on the CPU
     sft = FederatedSFTTrainer(model=model, args=args, train_dataset=pairs["train"], eval_dataset=pairs["test"],
                               processing_class=tokenizer,
                               peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
@@ -165,3 +170,71 @@ def test_qlora_through_the_trl_path(base, pairs, tokenizer, tmp_path):
     after = [p for p in sft.model.named_parameters() if p[1].dtype == torch.uint8]  # same modules, same order
     assert len(after) == len(frozen) == 14
     assert all(torch.equal(a, b) for a, (_, b) in zip(frozen.values(), after))
+
+
+def _default(f):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def test_the_config_keeps_every_trl_default_fedhf_does_not_set(tmp_path):
+    """Field by field, declared and constructed: FederatedSFTConfig's default is SFTConfig's for every field except
+    those FederatedConfig sets on purpose (a default other than TrainingArguments', or a value its __post_init__
+    changes). use_cpu=True because SFTConfig alone refuses its own bf16 default on a machine without a GPU."""
+    from transformers import TrainingArguments
+    from trl import SFTConfig
+
+    kwargs = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    plain, federated = TrainingArguments(**kwargs), fedhf.FederatedConfig(**kwargs)
+    declared = {f.name: f for f in dataclasses.fields(fedhf.FederatedConfig)}
+    owned = {f.name for f in dataclasses.fields(TrainingArguments)
+             if _default(f) != _default(declared[f.name]) or getattr(plain, f.name) != getattr(federated, f.name)}
+    assert owned == {"learning_rate", "weight_decay", "average_tokens_across_devices", "logging_steps",
+                     "save_strategy"}  # each documented by FederatedConfig
+    trl, ours = SFTConfig(**kwargs), FederatedSFTConfig(**kwargs)
+    ours_declared = {f.name: f for f in dataclasses.fields(FederatedSFTConfig)}
+    checked = [f.name for f in dataclasses.fields(SFTConfig) if f.name not in owned]
+    for name in checked:
+        assert _default(ours_declared[name]) == _default(SFTConfig.__dataclass_fields__[name]), name
+        assert getattr(ours, name) == getattr(trl, name), name
+    assert len(checked) > 100 and {"bf16", "gradient_checkpointing", "max_length"} <= set(checked)
+    assert ours.bf16 is True and ours.activation_checkpointing is True  # the two trl overrides once reverted
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="checks the machine without a GPU")
+def test_trls_bf16_default_on_a_machine_without_a_gpu_runs_on_the_cpu(tmp_path):
+    """SFTConfig resolves bf16 to True (no fp16) and then refuses it without use_cpu; FederatedSFTConfig resolves it
+    the same way and, as for an explicit bf16=True, runs on the CPU."""
+    from trl import SFTConfig
+
+    with pytest.raises(ValueError, match="use_cpu"):
+        SFTConfig(output_dir=str(tmp_path), report_to="none")
+    args = FederatedSFTConfig(output_dir=str(tmp_path), report_to="none")
+    assert args.bf16 is True and args.use_cpu is True
+    assert FederatedSFTConfig(output_dir=str(tmp_path), report_to="none", bf16=False).bf16 is False
+
+
+def test_a_streaming_train_dataset_is_refused_by_position_too(base, pairs, tokenizer, tmp_path):
+    """FederatedSFTTrainer hands train_dataset to FederatedTrainer by position; the streaming check still sees it."""
+    stream = pairs["train"].to_iterable_dataset()
+    with pytest.raises(ValueError, match="IterableDataset \\(streaming\\)"):
+        FederatedSFTTrainer(model=lora_llama(base), args=sft_config(tmp_path), train_dataset=stream,
+                            processing_class=tokenizer)
+    with pytest.raises(ValueError, match="IterableDataset \\(streaming\\)"):
+        FederatedTrainer(lora_llama(base), config(tmp_path), causal_lm_collator(0), stream)
+
+
+def test_two_processes_give_the_one_process_sft_run(tmp_path):
+    """torchrun, gloo, CPU: 4 clients, 3 per round, so one process trains 2 clients and the other 1 (different
+    numbers of trl loss calls, whose metric gathers used to pair with the round's aggregation and crash). Same
+    adapter and same eval loss (evaluate() gathers over the processes) as one process."""
+    from .test_multiprocess import TORCHRUN, _run
+
+    if TORCHRUN is None:
+        pytest.skip("torchrun not installed")
+    script = os.path.join(os.path.dirname(__file__), "sft_multiprocess_run.py")
+    one, two = (_run(n, ["sft"], tmp_path / f"p{n}", script_path=script)["sft"] for n in (1, 2))
+    assert one.keys() == two.keys()
+    assert float(one["history.participants"]) == float(two["history.participants"]) == 3
+    assert any(float(t.abs().max()) > 0 for n, t in one.items() if "lora_B" in n)  # it trained (B starts at 0)
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-7, msg=name)

@@ -7,9 +7,20 @@ falls only on what the model should learn to write.
 * ``text``: labels on every token (plain language modelling).
 
 The format is picked by column, in that order. Every other column (e.g. the category the Dirichlet split uses) is
-kept, so ``FederatedConfig(partition_column=...)`` works on the result. Packing (Krell et al. 2021, "Efficient
-sequence packing without cross-contamination", the naive "wrapped" variant trl also offers) concatenates the
-examples and cuts blocks of ``max_length``; every token is kept exactly once.
+kept, so ``FederatedConfig(partition_column=...)`` works on the result. Rows without a single label token (a
+chat whose system prompt fills ``max_length`` so that truncation cuts every assistant token, a chat without an
+assistant turn) teach nothing and are dropped with a warning that counts them, as trl does.
+
+Packing concatenates the examples and cuts blocks of ``max_length`` (the "wrapped" strategy trl also offers, so an
+example may be split over two blocks), and keeps the examples apart inside a block as Krell et al. 2021
+("Efficient sequence packing without cross-contamination", arXiv:2107.02027) do: each block carries
+per-document ``position_ids`` restarting at 0 at every document (and at the block's start) and no
+``attention_mask``, the padding-free format from which transformers builds a block-diagonal causal mask (sdpa and
+eager attention: a token attends only to its own document's earlier tokens) or the flash-attention varlen
+boundaries; the first token of each document is not a label, since it would be predicted from the previous
+document. A packed batch's logits and loss on a document equal that document's alone (tests/data/test_sft.py
+checks this on a Llama). ``SFTCollator`` passes them on, with ``use_cache=False``, without which transformers'
+models build a cache and then ignore ``position_ids`` as document boundaries.
 
 Usage::
 
@@ -19,6 +30,7 @@ Usage::
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -28,6 +40,7 @@ import torch
 IGNORE_INDEX = -100  # the label value torch's cross_entropy (and every HF causal-LM loss) ignores
 SFT_FORMATS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "text": ("text",)}
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels")
+PACKED_COLUMNS = ("input_ids", "labels", "position_ids")  # padding-free: document boundaries in the positions
 
 
 def sft_format(column_names: Sequence[str]) -> str:
@@ -91,17 +104,45 @@ def _messages(tokenizer, messages: List[dict]) -> Dict[str, List[int]]:
     return {"input_ids": list(enc["input_ids"]), "labels": labels}
 
 
+def _cut_prompt(out: Dict[str, List[int]], max_length: int, head: int) -> Optional[Dict[str, List[int]]]:
+    """A prompt/completion pair cut to ``max_length``: the ``head`` (BOS) and the whole completion kept, the prompt
+    losing its start; None when the completion leaves no room for a single prompt token (it cannot be learned
+    whole and conditioned on its prompt)."""
+    labels = out["labels"]
+    prompt_end = next((i for i, t in enumerate(labels) if t != IGNORE_INDEX), len(labels))
+    room = max_length - head - (len(labels) - prompt_end)  # prompt tokens that fit
+    if room < min(1, prompt_end - head):
+        return None
+    keep = slice(prompt_end - room, None)
+    return {k: v[:head] + v[keep] for k, v in out.items()}
+
+
+def drop_unlabelled(rows: datasets.Dataset, what: str) -> datasets.Dataset:
+    """``rows`` without those that have no label token (their mean loss is 0/0), with a warning counting them."""
+    kept = rows.filter(lambda r: any(t != IGNORE_INDEX for t in r["labels"]), desc="dropping rows without labels")
+    if len(kept) < len(rows):
+        warnings.warn(f"Dropped {len(rows) - len(kept)} of {len(rows)} {what} without a label token (nothing to "
+                      "learn from them).", UserWarning, stacklevel=3)
+    return kept
+
+
 def tokenize_sft(dataset: datasets.Dataset, tokenizer, max_length: Optional[int] = None, packing: bool = False,
                  add_eos: bool = True, group_column: Optional[str] = None) -> datasets.Dataset:
     """``input_ids``/``attention_mask``/``labels`` (-100 outside completion / assistant tokens), other columns kept.
 
     Args:
-        max_length: truncate each example to this many tokens (prompt/completion pairs from the left, so the
-            completion is kept; chats and text from the right); with ``packing``, the block length.
-        packing: concatenate examples and cut ``max_length`` blocks. Blocks mix examples, so other columns cannot
-            be kept, except ``group_column``: packing then runs within each of its values, which keeps the column
-            (one value per block) for a label-skewed split.
+        max_length: truncate each example to this many tokens; with ``packing``, the block length. A
+            prompt/completion pair keeps its BOS and its whole completion and loses the start of its prompt; a pair
+            whose completion leaves no room for a prompt token is dropped (counted in a warning: cutting the
+            completion would teach a truncated answer). Chats and text lose their end, as Trainer users expect.
+        packing: concatenate examples into ``max_length`` blocks with per-document ``position_ids`` (no
+            ``attention_mask``; see the module docstring). Blocks mix examples, so other columns cannot be kept,
+            except ``group_column``: packing then runs within each of its values, which keeps the column (one
+            value per block) for a label-skewed split.
         add_eos: end prompt/completion and text examples with the tokenizer's EOS (chat templates write their own).
+
+    Rows without a single label token after truncation (and packed blocks without one) are dropped, with a
+    warning that counts them.
     """
     fmt = sft_format(dataset.column_names)
     if fmt == "messages" and not tokenizer.chat_template:
@@ -111,6 +152,7 @@ def tokenize_sft(dataset: datasets.Dataset, tokenizer, max_length: Optional[int]
         raise ValueError("`packing=True` needs `max_length` (the block length).")
     if group_column is not None and group_column not in dataset.column_names:
         raise ValueError(f"`group_column`={group_column!r} is not a column of the dataset ({dataset.column_names}).")
+    head = len(_special(tokenizer, True, False)[0])
 
     def one(row):
         if fmt == "messages":
@@ -119,40 +161,64 @@ def tokenize_sft(dataset: datasets.Dataset, tokenizer, max_length: Optional[int]
             out = _prompt_completion(tokenizer, row["prompt"], row["completion"], add_eos)
         else:
             out = _text(tokenizer, row["text"], add_eos)
+        fits = True
         if max_length and not packing and len(out["input_ids"]) > max_length:
-            # A prompt/completion pair loses the prompt's start, so the completion (what is learned) survives;
-            # chats and text lose their end, as Trainer users expect.
-            cut = slice(-max_length, None) if fmt == "prompt_completion" else slice(max_length)
-            out = {k: v[cut] for k, v in out.items()}
+            if fmt == "prompt_completion":
+                cut = _cut_prompt(out, max_length, head)
+                fits, out = cut is not None, cut or {"input_ids": [], "labels": []}
+            else:
+                out = {k: v[:max_length] for k, v in out.items()}
         out["attention_mask"] = [1] * len(out["input_ids"])
-        return out
+        return {**out, "_fits": fits}
 
     tokenized = dataset.map(one, remove_columns=list(SFT_FORMATS[fmt]), desc="tokenising SFT data")
+    too_long = len(tokenized) - sum(tokenized["_fits"])
+    if too_long:
+        warnings.warn(f"Dropped {too_long} of {len(tokenized)} prompt/completion rows whose completion does not fit "
+                      f"max_length={max_length} with a prompt token: raise max_length to keep them.", UserWarning,
+                      stacklevel=2)
+        tokenized = tokenized.filter(lambda r: r["_fits"], desc="dropping completions over max_length")
+    tokenized = drop_unlabelled(tokenized.remove_columns("_fits"), "rows")
     if not packing:
         return tokenized
-    return pack(tokenized, max_length, group_column)
+    return drop_unlabelled(pack(tokenized, max_length, group_column), "packed blocks")
 
 
 def _blocks(rows: datasets.Dataset, block: int) -> Dict[str, list]:
     ids = [t for seq in rows["input_ids"] for t in seq]
     labels = [t for seq in rows["labels"] for t in seq]
-    cuts = range(0, len(ids), block)
-    return {"input_ids": [ids[i:i + block] for i in cuts], "labels": [labels[i:i + block] for i in cuts],
-            "attention_mask": [[1] * len(ids[i:i + block]) for i in cuts]}
+    starts = [0] * len(ids)  # 1 where a document starts
+    at = 0
+    for seq in rows["input_ids"]:
+        if seq:
+            starts[at] = 1
+        at += len(seq)
+    out: Dict[str, list] = {"input_ids": [], "labels": [], "position_ids": []}
+    for i in range(0, len(ids), block):
+        positions, p = [], 0
+        for j in range(i, min(i + block, len(ids))):
+            p = 0 if starts[j] or j == i else p + 1  # a document's piece in this block counts from 0
+            positions.append(p)
+        out["input_ids"].append(ids[i:i + block])
+        # a document's first token would be predicted from the previous document: not a label
+        out["labels"].append([IGNORE_INDEX if q == 0 else t for t, q in zip(labels[i:i + block], positions)])
+        out["position_ids"].append(positions)
+    return out
 
 
 def pack(tokenized: datasets.Dataset, block: int, group_column: Optional[str] = None) -> datasets.Dataset:
-    """Concatenate and cut into ``block``-token rows (the last one shorter); within each ``group_column`` value."""
+    """Concatenate and cut into ``block``-token rows (the last one shorter), within each ``group_column`` value:
+    ``input_ids``, ``labels`` and per-document ``position_ids`` (module docstring); every token kept once."""
     if group_column is None:
         return datasets.Dataset.from_dict(_blocks(tokenized, block))
     values = tokenized[group_column]
-    columns: Dict[str, list] = {"input_ids": [], "labels": [], "attention_mask": [], group_column: []}
+    columns: Dict[str, list] = {**{k: [] for k in PACKED_COLUMNS}, group_column: []}
     for value in sorted(set(values)):
         part = _blocks(tokenized.select([i for i, v in enumerate(values) if v == value]), block)
         for k, v in part.items():
             columns[k].extend(v)
         columns[group_column].extend([value] * len(part["input_ids"]))
-    features = datasets.Features({**{k: tokenized.features[k] for k in TOKEN_COLUMNS},
+    features = datasets.Features({**{k: tokenized.features["input_ids"] for k in PACKED_COLUMNS},
                                   group_column: tokenized.features[group_column]})
     return datasets.Dataset.from_dict(columns, features=features)
 
@@ -161,10 +227,18 @@ def pack(tokenized: datasets.Dataset, block: int, group_column: Optional[str] = 
 class SFTCollator:
     """Pads each batch to its longest row (dynamic padding): ``input_ids`` with the pad token (EOS if the tokenizer
     has none), ``attention_mask`` with 0 and ``labels`` with -100, on the right. Only these three columns go to the
-    model; the others (the split's category) stay in the dataset."""
+    model; the others (the split's category) stay in the dataset.
+
+    Packed rows (:func:`pack`) go padding-free: ``input_ids``, ``labels`` and ``position_ids`` (padding with 0,
+    each padding token then a document of its own), no ``attention_mask``, and ``use_cache=False``. sdpa and eager
+    attention keep the documents apart in a batch of several rows; flash-attention's varlen path reads the
+    boundaries from ``position_ids`` only in a one-row batch, so with ``attn_implementation="flash_attention_2"``
+    set ``padding_free=True``: the batch's blocks are concatenated into one row (as trl's padding-free collator
+    does; sdpa and eager then attend over the whole row, (rows x block)^2 instead of rows x block^2)."""
 
     tokenizer: object
     pad_to_multiple_of: Optional[int] = None
+    padding_free: bool = False
 
     def __post_init__(self) -> None:
         pad = self.tokenizer.pad_token_id
@@ -173,13 +247,21 @@ class SFTCollator:
             raise ValueError("The tokenizer has neither a pad nor an EOS token: set `tokenizer.pad_token`.")
 
     def __call__(self, rows: List[dict]) -> Dict[str, torch.Tensor]:
-        for column in TOKEN_COLUMNS:
+        packed = "position_ids" in rows[0]
+        for column in PACKED_COLUMNS if packed else TOKEN_COLUMNS:
             if column not in rows[0]:
                 raise ValueError(f"SFTCollator needs `{column}` in every row: tokenise with "
                                  "fedhf.data.sft.tokenize_sft.")
+        if packed and self.padding_free:
+            rows = [{k: [t for r in rows for t in r[k]] for k in PACKED_COLUMNS}]
         length = max(len(r["input_ids"]) for r in rows)
         if self.pad_to_multiple_of:
             length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        fill = {"input_ids": self.pad_id, "attention_mask": 0, "labels": IGNORE_INDEX}
-        return {k: torch.tensor([list(r[k]) + [v] * (length - len(r[k])) for r in rows], dtype=torch.long)
-                for k, v in fill.items()}
+        fill = {"input_ids": self.pad_id, "labels": IGNORE_INDEX, **({"position_ids": 0} if packed else
+                                                                       {"attention_mask": 0})}
+        batch = {k: torch.tensor([list(r[k]) + [v] * (length - len(r[k])) for r in rows], dtype=torch.long)
+                 for k, v in fill.items()}
+        if packed:
+            # A model with a cache builds a plain causal mask and reads no document boundary from position_ids.
+            batch["use_cache"] = False
+        return batch

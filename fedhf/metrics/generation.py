@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
 from transformers import TrainerCallback
@@ -31,18 +31,47 @@ def first_word_accuracy(predictions: Sequence[str], answers: Sequence[str]) -> f
     return sum(first_word(p) == first_word(a) for p, a in zip(predictions, answers)) / len(answers)
 
 
+Prompt = Union[str, List[dict]]  # text, or a chat (a list of {"role", "content"}) to answer
+
+
+def prompt_ids(tokenizer, prompt: Prompt) -> List[int]:
+    """A prompt's tokens as tokenize_sft writes them: text with BOS (if the tokenizer has one) and no other special
+    token; a chat rendered with the tokenizer's chat template and its generation prompt (the assistant header
+    the model learned to answer after), the template writing its own special tokens."""
+    if isinstance(prompt, str):
+        return _bos(tokenizer) + tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if not tokenizer.chat_template:
+        raise ValueError("A chat prompt (a list of messages) needs the tokenizer's chat template: set "
+                         "`tokenizer.chat_template` or give the prompts as text.")
+    text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _bos(tokenizer) -> List[int]:
+    return [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+
+
+def cut_prompt(ids: List[int], max_tokens: Optional[int], bos: List[int]) -> List[int]:
+    """At most ``max_tokens``: a leading BOS kept, then the prompt's end (next to where the answer starts)."""
+    if max_tokens is None or len(ids) <= max_tokens:
+        return ids
+    head = ids[:len(bos)] if bos and ids[:len(bos)] == bos else []
+    return head + ids[len(ids) - (max_tokens - len(head)):]
+
+
 @torch.no_grad()
-def generate_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 3, batch_size: int = 32,
-                     max_prompt_tokens: int = 64) -> List[str]:
-    """Greedy continuations of ``prompts`` (tokenised as tokenize_sft does: BOS if any, no other special tokens;
-    long prompts keep their end, like its truncation), left-padded so every row generates from its last token."""
+def generate_answers(model, tokenizer, prompts: Sequence[Prompt], max_new_tokens: int = 3, batch_size: int = 32,
+                     max_prompt_tokens: Optional[int] = None) -> List[str]:
+    """Greedy continuations of ``prompts`` (:func:`prompt_ids`), left-padded so every row generates from its last
+    token. ``max_prompt_tokens`` (default: no cut) keeps a long prompt's BOS and its end."""
+    if max_prompt_tokens is not None and max_prompt_tokens < 2:
+        raise ValueError(f"`max_prompt_tokens` must be >= 2 (BOS and a prompt token) or None, got {max_prompt_tokens}.")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     device = next(model.parameters()).device
     was_training, outputs = model.training, []
     model.eval()
     for start in range(0, len(prompts), batch_size):
-        rows = [(bos + tokenizer(p, add_special_tokens=False)["input_ids"])[-max_prompt_tokens:]
+        rows = [cut_prompt(prompt_ids(tokenizer, p), max_prompt_tokens, _bos(tokenizer))
                 for p in prompts[start:start + batch_size]]
         width = max(len(r) for r in rows)
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
@@ -56,14 +85,20 @@ def generate_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: i
 
 class GenerationEvalCallback(TrainerCallback):
     """On every evaluation: ``eval_perplexity``, and ``eval_generation_accuracy`` over (prompt, answer) pairs if
-    any are given."""
+    any are given. A prompt is text or a chat (a list of messages, answered after the chat template's generation
+    prompt); ``max_prompt_tokens`` (default: none, the whole prompt as the model will see it in use) bounds a
+    long prompt, keeping its BOS and its end."""
 
-    def __init__(self, tokenizer, prompts: Sequence[str] = (), answers: Sequence[str] = (),
-                 max_new_tokens: int = 3) -> None:
+    def __init__(self, tokenizer, prompts: Sequence[Prompt] = (), answers: Sequence[str] = (),
+                 max_new_tokens: int = 3, max_prompt_tokens: Optional[int] = None) -> None:
         if len(prompts) != len(answers):
             raise ValueError("GenerationEvalCallback needs as many answers as prompts (none: perplexity only).")
+        if max_prompt_tokens is not None and max_prompt_tokens < 2:
+            raise ValueError(f"`max_prompt_tokens` must be >= 2 or None, got {max_prompt_tokens}.")
+        for prompt in prompts:
+            prompt_ids(tokenizer, prompt)  # a chat without a chat template is refused here, before training
         self.tokenizer, self.prompts, self.answers = tokenizer, list(prompts), list(answers)
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
 
     def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
         # Trainer.evaluate returns this same dict after the callbacks ran, so the additions reach the history.
@@ -72,5 +107,5 @@ class GenerationEvalCallback(TrainerCallback):
         if not self.prompts:
             return
         predictions = generate_answers(model, self.tokenizer, self.prompts, self.max_new_tokens,
-                                       args.per_device_eval_batch_size)
+                                       args.per_device_eval_batch_size, self.max_prompt_tokens)
         metrics["eval_generation_accuracy"] = first_word_accuracy(predictions, self.answers)

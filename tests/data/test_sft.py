@@ -3,8 +3,10 @@ tokenizer), packing keeps every token once, dynamic padding, clear errors."""
 
 import datasets
 import pytest
+import torch
 
 from fedhf.data.sft import IGNORE_INDEX, SFTCollator, pack, tokenize_sft
+from fedhf.demo_data import tiny_llama
 
 # A small explicit template (MiniLM's tokenizer ships none): role header, content, end-of-turn marker.
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} [SEP] {% endfor %}"
@@ -15,6 +17,14 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} [SEP] {
 def chat_tokenizer(tokenizer):
     tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
     tok.chat_template = TEMPLATE
+    return tok
+
+
+@pytest.fixture
+def bos_tokenizer(tokenizer):
+    """MiniLM's tokenizer with a BOS and an EOS (its [CLS] and [SEP]), as Llama-family tokenizers have."""
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok.bos_token, tok.eos_token = "[CLS]", "[SEP]"
     return tok
 
 
@@ -71,8 +81,16 @@ def test_packing_keeps_every_token_exactly_once(tokenizer):
     packed = tokenize_sft(ds, tokenizer, max_length=16, packing=True)
     flat = lambda d, k: [t for seq in d[k] for t in seq]
     assert flat(packed, "input_ids") == flat(plain, "input_ids")
-    assert flat(packed, "labels") == flat(plain, "labels")
     assert all(len(s) == 16 for s in packed["input_ids"][:-1]) and 0 < len(packed["input_ids"][-1]) <= 16
+    # positions restart at every document and every block; a piece's first token is no label (nothing before it)
+    lengths = [len(r) for r in plain["input_ids"]]
+    doc_positions = [p for n in lengths for p in range(n)]
+    positions = flat(packed, "position_ids")
+    block_start = [i % 16 == 0 for i in range(len(positions))]
+    for i, (p, start) in enumerate(zip(doc_positions, block_start)):
+        assert positions[i] == (0 if start or p == 0 else positions[i - 1] + 1)
+    assert flat(packed, "labels") == [IGNORE_INDEX if q == 0 else t for t, q in zip(flat(plain, "labels"), positions)]
+    assert "attention_mask" not in packed.column_names
     grouped = pack(plain, 16, group_column="label")
     assert sorted(flat(grouped, "input_ids")) == sorted(flat(plain, "input_ids"))
     for block, label in zip(grouped["labels"], grouped["label"]):  # a block holds only its group's completions
@@ -111,3 +129,72 @@ def test_long_prompt_is_cut_from_the_left_so_the_completion_survives(tokenizer):
                        max_length=8)[0]
     assert row["input_ids"] == (ids(tokenizer, prompt) + ids(tokenizer, " neutral"))[-8:]
     assert row["labels"] == [IGNORE_INDEX] * 7 + ids(tokenizer, " neutral")
+
+
+def test_a_long_prompt_keeps_its_bos_and_an_overlong_completion_is_dropped(bos_tokenizer):
+    tok = bos_tokenizer
+    prompt, completion = "Tweet: " + "long " * 40 + "\nSentiment:", " neutral"
+    ds = datasets.Dataset.from_dict({"prompt": [prompt, "Summarise: the cat sat"],
+                                     "completion": [completion, " " + "word " * 30]})
+    with pytest.warns(UserWarning, match="Dropped 1 of 2 prompt/completion rows whose completion does not fit "
+                                         "max_length=8"):
+        rows = tokenize_sft(ds, tok, max_length=8)
+    assert len(rows) == 1
+    tail = ids(tok, completion) + [tok.sep_token_id]  # the completion and its EOS, whole
+    assert rows[0]["input_ids"] == [tok.cls_token_id] + ids(tok, prompt)[-(7 - len(tail)):] + tail
+    assert rows[0]["labels"] == [IGNORE_INDEX] * (8 - len(tail)) + tail
+
+
+def test_rows_left_without_a_label_token_are_dropped_with_a_count(chat_tokenizer):
+    """A long system prompt cut from the right takes every assistant token with it: such a row would be a 0/0
+    mean loss (NaN), so it is dropped, and counted."""
+    short = [{"role": "user", "content": "say hi"}, {"role": "assistant", "content": "hi there"}]
+    long = [{"role": "system", "content": "you are a helpful assistant " * 6}] + short
+    ds = datasets.Dataset.from_dict({"messages": [short, long, short], "label": [0, 1, 2]})
+    with pytest.warns(UserWarning, match="Dropped 1 of 3 rows without a label token"):
+        rows = tokenize_sft(ds, chat_tokenizer, max_length=32)
+    assert rows["label"] == [0, 2]
+    assert all(any(t != IGNORE_INDEX for t in r) for r in rows["labels"])
+
+
+def test_packed_rows_go_padding_free(bos_tokenizer):
+    texts = ["alpha beta gamma", "delta epsilon", "zeta eta theta iota kappa"]
+    packed = tokenize_sft(datasets.Dataset.from_dict({"text": texts}), bos_tokenizer, max_length=7, packing=True)
+    rows = [packed[i] for i in range(len(packed))]
+    assert len(rows) == 3  # 5 + 4 + 8 tokens in blocks of 7, 7 and 3
+    batch = SFTCollator(bos_tokenizer)(rows)
+    assert set(batch) == {"input_ids", "labels", "position_ids", "use_cache"} and batch["use_cache"] is False
+    short = len(rows[-1]["input_ids"])
+    assert short == 3 and batch["position_ids"][-1, short:].tolist() == [0] * 4
+    assert batch["labels"][-1, short:].tolist() == [IGNORE_INDEX] * 4
+    flat = SFTCollator(bos_tokenizer, padding_free=True)(rows)
+    assert flat["input_ids"].shape == (1, sum(len(r["input_ids"]) for r in rows))
+    assert flat["position_ids"][0].tolist() == [p for r in rows for p in r["position_ids"]]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_a_packed_document_gives_the_logits_and_loss_it_gives_alone(bos_tokenizer, attention, padding_free):
+    """Two blocks of two documents each (the second block padded): every document's logits in the packed batch
+    are its logits alone, and the batch's loss is the per-token mean of the documents' own losses."""
+    tok = bos_tokenizer
+    texts = ["the first document is about the weather", "a second one about cats", "short third",
+             "and the fourth document ends it"]
+    alone = tokenize_sft(datasets.Dataset.from_dict({"text": texts}), tok)["input_ids"]
+    block = len(alone[0]) + len(alone[1])
+    assert len(alone[2]) + len(alone[3]) < block  # the second block is shorter: padded
+    packed = tokenize_sft(datasets.Dataset.from_dict({"text": texts}), tok, max_length=block, packing=True)
+    assert len(packed) == 2
+    model = tiny_llama(len(tok), seed=1, attn_implementation=attention).train()  # Llama: no dropout
+    batch = SFTCollator(tok, padding_free=padding_free)([packed[0], packed[1]])
+    with torch.no_grad():
+        out = model(**batch)
+        logits = out.logits.reshape(-1, out.logits.shape[-1])
+        # each document's first token in the batch, flattened (padding-free: the second block follows the first)
+        rows = [0, len(alone[0]), block, block + len(alone[2])]
+        loss_sum, count = 0.0, 0
+        for start, doc in zip(rows, alone):
+            own = model(input_ids=torch.tensor([doc]), labels=torch.tensor([doc]))
+            torch.testing.assert_close(logits[start:start + len(doc)], own.logits[0], rtol=1e-5, atol=1e-5)
+            loss_sum, count = loss_sum + own.loss.item() * (len(doc) - 1), count + len(doc) - 1
+    assert out.loss.item() == pytest.approx(loss_sum / count, rel=1e-5)
