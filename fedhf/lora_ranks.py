@@ -53,11 +53,39 @@ def check_client_ranks(ranks: Optional[Sequence[int]], params: Dict[str, torch.n
 
 
 class ClientRanks:
-    """Zeroes the components beyond a client's rank in the resident adapter."""
+    """Zeroes the components beyond a client's rank in the resident adapter, and tells the corrections which
+    components a client trains (:meth:`masks`) and how many clients train each (:meth:`trainers`)."""
 
     def __init__(self, ranks: Sequence[int], params: Dict[str, torch.nn.Parameter]) -> None:
         self.ranks = [int(r) for r in ranks]
         self.pairs = {params[a]: params[b] for a, b in lora_pairs(params).items()}
+        # the (A, B) names and ranks of the layers some client truncates
+        self._truncated = {(a, b): params[a].shape[0] for a, b in lora_pairs(params).items()
+                           if min(self.ranks) < params[a].shape[0]}
+        counts = {pair: sum(self._components(r, rank) for r in self.ranks) for pair, rank in self._truncated.items()}
+        # a component no client trains gets 1: nothing is added to it, and nothing is divided by zero
+        self._trainers = self._by_name({pair: c.clamp(min=1.0) for pair, c in counts.items()})
+
+    @staticmethod
+    def _components(r: int, rank: int) -> torch.Tensor:
+        return (torch.arange(rank) < r).float()
+
+    @staticmethod
+    def _by_name(per_pair: Dict[tuple, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """A per-component vector as A's (r x 1) and B's (1 x r) broadcastable shapes."""
+        out = {}
+        for (a, b), v in per_pair.items():
+            out[a], out[b] = v[:, None], v[None, :]
+        return out
+
+    def masks(self, client_id: int) -> Dict[str, torch.Tensor]:
+        """1.0 on the components client i trains, for every layer some client truncates (all ones at full rank)."""
+        r = self.ranks[client_id]
+        return self._by_name({pair: self._components(r, rank) for pair, rank in self._truncated.items()})
+
+    def trainers(self) -> Dict[str, torch.Tensor]:
+        """How many of the N clients train each component of a truncated layer (for ServerContext.trainers)."""
+        return self._trainers
 
     def rank_of(self, client_id: int) -> int:
         return self.ranks[client_id]
