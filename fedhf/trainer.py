@@ -105,7 +105,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         self.algorithm = args.build_algorithm()
         self.sharing = args.build_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
-        check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm.server_rule,
+        check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm,
                            args.batched_clients)
         self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base,  # FedEx-LoRA, FLoRA
                                   args.load_best_model_at_end)

@@ -1,6 +1,7 @@
 """Heterogeneous LoRA ranks per client (fedhf/lora_ranks.py) on a real peft LoRA Llama with non-square layers:
 equal ranks change nothing (bit for bit), and with mixed ranks each client's adapter B_i A_i has rank <= r_i while
-FLoRA's global effective weight stays the exact mean of the clients'."""
+FLoRA's global effective weight stays the exact mean of the clients'; SCAFFOLD averages each rank component over
+the clients that train it, and an averaged optimizer state is refused."""
 
 from __future__ import annotations
 
@@ -112,11 +113,12 @@ def test_personalised_evaluation_of_a_client_uses_its_rank(tokenizer, sft, tmp_p
         assert (abs(uncut - loss) > 1e-5) == (ranks[client] < RANK)  # the cut matters below the full rank
 
 
-@pytest.mark.parametrize("algorithm", ["fedpac_muon", "fadam_gt"])
-def test_mixed_ranks_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm):
+# fedpac_muon's averaged momentum is refused with mixed ranks (below); its mixing runs with the state reset
+@pytest.mark.parametrize("algorithm,kw", [("fadam_gt", {}), ("fedpac_muon", {"state_sync": "reset"})])
+def test_mixed_ranks_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm, kw):
     ranks = [1, 2, RANK]  # FedPAC's after-step mixing and FAdamGT's tracking cannot revive the cut components
     _, trainer = _run(tokenizer, sft, tmp_path, server_rule="fedex_lora", lora_client_ranks=ranks, num_rounds=2,
-                      algorithm=algorithm, local_optimizer=None, learning_rate=None)  # flexlora refuses their state
+                      algorithm=algorithm, local_optimizer=None, learning_rate=None, **kw)  # flexlora refuses state
     assert len(trainer.seen) == 2 * CLIENTS
     for _, client, adapters, _ in trainer.seen:
         for a, b in adapters.values():
@@ -145,3 +147,12 @@ def test_scaffold_averages_each_component_over_the_clients_that_train_it(tokeniz
             torch.testing.assert_close(cut(c[f"c.{name}"], slice(1, None)), full_rank_mean, rtol=1e-4, atol=1e-9)
     b_names = [n for n in c if "lora_B" in n]
     assert any(c[n][:, 1:].abs().sum() > 0 for n in b_names)  # B's high components did learn (non-trivial check)
+
+
+def test_mixed_ranks_refuse_an_averaged_optimizer_state(tokenizer, sft, tmp_path):
+    """FedPAC_Muon averages the clients' momentum: a rank-1 client's is zero on the components it lacks."""
+    model = lora_llama(len(tokenizer), RANK)
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, server_rule="fedex_lora",
+                  lora_client_ranks=[1, RANK, RANK], algorithm="fedpac_muon")
+    with pytest.raises(ValueError, match="state_sync='average_warmstart'.*persist_local"):
+        FederatedTrainer(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))

@@ -55,11 +55,9 @@ class ControlVariate(Correction):
     def client_end(self, ctx: ClientContext) -> Message:
         c_i = ctx.scratch["c_i"]
         scale = 1.0 / (ctx.local_steps * ctx.local_lr)
-        new_c_i = {
-            n: ctx.trained.keep_untrained(
-                n, c_i[n] - ctx.correction_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale, c_i[n])
-            for n, p in ctx.params.items()
-        }
+        estimate = {n: c_i[n] - ctx.correction_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
+                    for n, p in ctx.params.items()}
+        new_c_i = {n: ctx.trained.keep_untrained(n, e, c_i[n]) for n, e in estimate.items()}
         ctx.store.put(ctx.client_id, "scaffold_c", new_c_i)
         return Message().put("dc", {n: new_c_i[n] - c_i[n] for n in new_c_i})  # unweighted: the server divides by N
 

@@ -1,8 +1,9 @@
 """Every registered correction through the same checks (issue 10 item 6): a round without gradient is a fixed point
 of the client and the server halves, the server state survives a safetensors round trip, the server half does
 not depend on the order in which clients are summed, a tensor frozen for a round (RoLoRA) leaves every correction
-state of it unchanged, and a component a client does not train (``lora_client_ranks``) contributes nothing. Clients run the trainer's hook order (clip, ``before_step``,
-an SGD step at ``round_lr * lr_scale``, ``after_step``) on one tensor. tests/server/test_conformance.py fails when a
+state of it unchanged, and a component a client does not train (``lora_client_ranks``) contributes nothing.
+Clients run the trainer's hook order (clip, ``before_step``, an SGD step at ``round_lr * lr_scale``,
+``after_step``) on one tensor (two for the trained-part checks). tests/server/test_conformance.py fails when a
 registered correction is missing from ``CASES``."""
 
 from __future__ import annotations

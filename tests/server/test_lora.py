@@ -136,12 +136,12 @@ def test_lora_rules_compose_with_second_order_algorithms(tokenizer, sft, tmp_pat
     ("fedavg", {"local_optimizer": "amsgrad", "state_sync": "persist_local"}, "state_sync='persist_local'"),
     ("fedavg", {"local_optimizer": "amsgrad", "state_sync": "average_warmstart"}, "state_sync='average_warmstart'")])
 def test_refactorising_rules_refuse_state_kept_in_the_old_basis(tmp_path, rule, algorithm, axes, named):
+    common = dict(num_clients=CLIENTS, clients_per_round=CLIENTS, algorithm=algorithm)
     with pytest.raises(ValueError, match="new basis every round") as err:
-        config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, server_rule=rule, algorithm=algorithm, **axes)
+        config(tmp_path, server_rule=rule, **common, **axes)
     assert named in str(err.value) and "fedex_lora" in str(err.value)
-    config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, server_rule="fedex_lora", algorithm=algorithm, **axes)  # the named fix
-    config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, server_rule=rule, algorithm=algorithm,  # or nothing carried over
-           **{**axes, "correction": "proximal", "state_sync": "reset"})
+    config(tmp_path, server_rule="fedex_lora", **common, **axes)  # the named fix
+    config(tmp_path, server_rule=rule, **common, **{**axes, "correction": "proximal", "state_sync": "reset"})  # or none
 
 
 def test_fedsvd_clients_train_only_b_and_the_server_makes_a_orthonormal(tokenizer, sft, tmp_path):
