@@ -39,14 +39,14 @@ class TrainedPart:
         if name in self.frozen:
             return torch.zeros_like(tensor)
         mask = self.masks.get(name)
-        return tensor if mask is None else tensor * mask.to(tensor.dtype)
+        return tensor if mask is None else tensor * mask.to(device=tensor.device, dtype=tensor.dtype)
 
     def keep_untrained(self, name: str, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """``new`` on the trained entries and ``old`` elsewhere: per-client state a round did not measure stays."""
         if name in self.frozen:
             return old
         mask = self.masks.get(name)
-        return new if mask is None else torch.where(mask.bool(), new, old)
+        return new if mask is None else torch.where(mask.to(new.device).bool(), new, old)
 
 
 @dataclass

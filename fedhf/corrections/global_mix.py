@@ -77,7 +77,7 @@ class GlobalMix(Correction):
         masks = ctx.trained.masks
         if not masks:
             return Message()
-        delta = {n: (ctx.params[n].detach().float() - ctx.global_params[n]) * m for n, m in masks.items()}
+        delta = {n: ctx.trained.on_trained(n, ctx.params[n].detach().float() - ctx.global_params[n]) for n in masks}
         return Message().put("dx", delta, scale=ctx.weight, nbytes=0).put("w", dict(masks), scale=ctx.weight, nbytes=0)
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
