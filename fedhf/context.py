@@ -8,13 +8,45 @@ component the view of its namespace, :meth:`fedhf.aggregation.RoundSums.within`)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence
+from typing import Dict, List, Mapping, Sequence, Union
 
 import torch
 
 from .aggregation import RoundSums
 from .params import TensorDict
 from .state.store import ClientStateStore
+
+
+@dataclass(frozen=True)
+class TrainedPart:
+    """Which entries of the shared tensors one client trains this round, so that a correction measures local
+    progress x^r - x_i^K on those alone: a tensor that is not trained does not move, which is not a zero gradient,
+    and a rank component a client zeroes is a truncation, not a step.
+
+    * ``frozen``: tensors no client trains this round (RoLoRA's other factor, FedSVD's A).
+    * ``masks``: tensors trained in part, 1.0 on the trained entries, broadcastable to the tensor
+      (``lora_client_ranks``: A[:r_i, :] and B[:, :r_i]). Every client has a mask for such a tensor (all ones for
+      a client of full rank), so every client sends the same keys.
+
+    A name in neither is trained in full.
+    """
+
+    frozen: frozenset = frozenset()
+    masks: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    def on_trained(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on the trained entries, zero elsewhere."""
+        if name in self.frozen:
+            return torch.zeros_like(tensor)
+        mask = self.masks.get(name)
+        return tensor if mask is None else tensor * mask.to(device=tensor.device, dtype=tensor.dtype)
+
+    def keep_untrained(self, name: str, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """``new`` on the trained entries and ``old`` elsewhere: per-client state a round did not measure stays."""
+        if name in self.frozen:
+            return old
+        mask = self.masks.get(name)
+        return new if mask is None else torch.where(mask.to(new.device).bool(), new, old)
 
 
 @dataclass
@@ -33,6 +65,7 @@ class ClientContext:
     participants: Sequence[int] = ()  # the round's sampled clients S_r, in sampling order (all processes)
     num_clients: int = 0  # N
     scratch: Dict[str, object] = field(default_factory=dict)  # per-client-round values a correction keeps
+    trained: TrainedPart = field(default_factory=TrainedPart)  # what this client trains (default: everything)
 
 
 @dataclass
@@ -45,3 +78,12 @@ class ServerContext:
     global_params: TensorDict  # x^r, before the update
     mean_delta: TensorDict  # D = sum w_i Delta_i / sum w_i
     gathered: List[TensorDict] = field(default_factory=list)  # each Delta_i in client order, if the aggregator gathers
+    frozen: frozenset = frozenset()  # tensors no client trained this round (TrainedPart.frozen)
+    # Per entry of a tensor trained in part (lora_client_ranks), how many of the N clients train it (>= 1).
+    trainers: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    def population(self, name: str) -> Union[int, torch.Tensor]:
+        """N for the entries of ``name``: the clients that train them. A server average over all clients'
+        per-client states (SCAFFOLD's c, tracking's y) divides by it, so a component is averaged over the
+        clients that have it."""
+        return self.trainers.get(name, self.num_clients)

@@ -16,6 +16,12 @@ rank <= r_i. The product rules then aggregate the products, which is what makes 
 * FedEx-LoRA and FedSVD also aggregate exactly from the products; averaging A and B separately (``mean``) would
   average zeros into the components a client lacks, so it is refused.
 
+Corrections (SCAFFOLD, global mixing, parameter tracking) estimate gradients from x^r - x_i^K, where a
+truncation would read as a huge step: each client's context carries its mask (:meth:`ClientRanks.masks`), so a
+correction measures and shifts only the components the client trains and averages each component over the clients
+that train it (:meth:`ClientRanks.trainers`). A state sync that averages the clients' optimizer state is refused
+(a client's state is zero on the components it lacks).
+
 With every r_i = r nothing is truncated: the run is the one without the setting, bit for bit (tested). The
 uplink still counts the rank-r tensors (an upper bound: a rank-r_i client would send r_i rows/columns).
 """
@@ -29,11 +35,13 @@ import torch
 from .lora import lora_pairs
 
 
-def check_client_ranks(ranks: Optional[Sequence[int]], params: Dict[str, torch.nn.Parameter], server_rule,
+def check_client_ranks(ranks: Optional[Sequence[int]], params: Dict[str, torch.nn.Parameter], algorithm,
                        batched_clients: int) -> None:
-    """Refused before work: ranks above the adapter's, a rule that averages A and B, batched clients."""
+    """Refused before work: ranks above the adapter's, a rule that averages A and B, a state sync that averages
+    the clients' optimizer state, batched clients."""
     if ranks is None:
         return
+    server_rule, state_sync = algorithm.server_rule, algorithm.state_sync
     pairs = lora_pairs(params)
     if not pairs:
         raise ValueError("`lora_client_ranks` truncates LoRA adapters, but the model has no shared LoRA A/B: apply "
@@ -47,17 +55,51 @@ def check_client_ranks(ranks: Optional[Sequence[int]], params: Dict[str, torch.n
         raise ValueError(f"`lora_client_ranks` needs a rule that aggregates the clients' products (flexlora, "
                          f"flora, fedex_lora, fedsvd); `server_rule={server_rule.name!r}` averages A and B, which "
                          "would average zeros into the components a client lacks.")
+    if state_sync.averages_theta:
+        # A client's optimizer state on the components it lacks is zero (they never get a gradient); averaged in,
+        # it would shrink the others' (Adam's v: larger steps; momentum: smaller) on exactly those components.
+        raise ValueError(f"`lora_client_ranks` with `state_sync={state_sync.name!r}`: the averaged optimizer state "
+                         "would mix a truncated client's zeros into the components it does not train; use "
+                         "state_sync='persist_local' (each client keeps its own) or 'reset'.")
     if batched_clients > 1:
         raise ValueError(f"`batched_clients={batched_clients}` trains clients together, but `lora_client_ranks` "
                          "truncates each client's adapter differently; set batched_clients=1.")
 
 
 class ClientRanks:
-    """Zeroes the components beyond a client's rank in the resident adapter."""
+    """Zeroes the components beyond a client's rank in the resident adapter, and tells the corrections which
+    components a client trains (:meth:`masks`) and how many clients train each (:meth:`trainers`)."""
 
     def __init__(self, ranks: Sequence[int], params: Dict[str, torch.nn.Parameter]) -> None:
         self.ranks = [int(r) for r in ranks]
         self.pairs = {params[a]: params[b] for a, b in lora_pairs(params).items()}
+        # the (A, B) names and ranks of the layers some client truncates
+        self._truncated = {(a, b): params[a].shape[0] for a, b in lora_pairs(params).items()
+                           if min(self.ranks) < params[a].shape[0]}
+        counts = {pair: sum(self._components(r, rank) for r in self.ranks) for pair, rank in self._truncated.items()}
+        # a component no client trains gets 1: nothing is added to it, and nothing is divided by zero
+        self._trainers = self._by_name({pair: c.clamp(min=1.0) for pair, c in counts.items()})
+
+    @staticmethod
+    def _components(r: int, rank: int) -> torch.Tensor:
+        return (torch.arange(rank) < r).float()
+
+    @staticmethod
+    def _by_name(per_pair: Dict[tuple, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """A per-component vector as A's (r x 1) and B's (1 x r) broadcastable shapes."""
+        out = {}
+        for (a, b), v in per_pair.items():
+            out[a], out[b] = v[:, None], v[None, :]
+        return out
+
+    def masks(self, client_id: int) -> Dict[str, torch.Tensor]:
+        """1.0 on the components client i trains, for every layer some client truncates (all ones at full rank)."""
+        r = self.ranks[client_id]
+        return self._by_name({pair: self._components(r, rank) for pair, rank in self._truncated.items()})
+
+    def trainers(self) -> Dict[str, torch.Tensor]:
+        """How many of the N clients train each component of a truncated layer (for ServerContext.trainers)."""
+        return self._trainers
 
     def rank_of(self, client_id: int) -> int:
         return self.ranks[client_id]

@@ -169,6 +169,10 @@ class SharingPlan:
         """What the state sync imports Theta into: the optimizer (RoLoRA: without the frozen factor's entries)."""
         return optimizer if self.alternating is None else self.alternating.without_frozen(optimizer)
 
+    def frozen_now(self) -> frozenset:
+        """The shared tensors no client trains this round (RoLoRA's other factor, FedSVD's A)."""
+        return frozenset() if self.alternating is None else self.alternating.frozen
+
     def hold_frozen(self, new_params: TensorDict, old_params: TensorDict) -> TensorDict:
         return new_params if self.alternating is None else self.alternating.hold(new_params, old_params)
 

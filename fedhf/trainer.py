@@ -38,7 +38,7 @@ from .checkpointing import enable_activation_checkpointing
 from .client_data import ClientData
 from .client_parallel import ClientParallel, check_client_parallel
 from .config import FederatedConfig
-from .context import ClientContext, ServerContext
+from .context import ClientContext, ServerContext, TrainedPart
 from .data import given_split, save_partition_report, split_dataset
 from .data.checks import check_datasets, check_not_streaming
 from .batched_round import BatchedRound, check_batched_clients
@@ -107,7 +107,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         self.algorithm = args.build_algorithm()
         self.sharing = args.build_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
-        check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm.server_rule,
+        check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm,
                            args.batched_clients)
         self.base_fold = BaseFold(self.model, self.algorithm.server_rule.folds_into_base,  # FedEx-LoRA, FLoRA
                                   args.load_best_model_at_end)
@@ -236,6 +236,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                 local_steps=args.local_steps, weight=self._client_weight(cid), params=params,
                 global_params=run.global_params, correction_state=run.correction_state, store=self.client_store,
                 sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
+                trained=TrainedPart(self.plan.frozen_now(), self.client_ranks.masks(cid) if self.client_ranks else {}),
             ) for cid in chunk]
             load_into(params, run.global_params)
             load_into(buffers, run.global_buffers)
@@ -252,7 +253,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
             server_ctx = ServerContext(round=r, round_lr=round_lr, local_steps=args.local_steps,
                                        num_clients=args.num_clients, sums=sums, global_params=run.global_params,
-                                       mean_delta=mean_delta, gathered=sums.gathered_in_client_order())
+                                       mean_delta=mean_delta, gathered=sums.gathered_in_client_order(),
+                                       frozen=self.plan.frozen_now(),
+                                       trainers=self.client_ranks.trainers() if self.client_ranks else {})
             # each server half reads the sums of its own component's messages
             run.correction_state = algo.correction.server_update(run.correction_state,
                                                                  replace(server_ctx, sums=sums.within("correction")))

@@ -1,7 +1,8 @@
 """RoLoRA (fedhf/alternating.py, ``parameter_sharing="rolora"``) on a real peft LoRA MiniLM and the bundled tweets:
 B alone is trained and sent in even rounds, A alone in odd ones, the frozen factor is bit-identical through its
-frozen rounds on every client and on the server, the uplink counts only the trained factor (and the head), and it
-composes with fedavg, fedpac_muon and fadam_gt."""
+frozen rounds on every client and on the server, the uplink counts only the trained factor (and the head), it
+composes with fedavg, fedpac_muon and fadam_gt, and a correction's state of the frozen factor is kept through its
+frozen round (a zero change is not a zero gradient)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,44 @@ def test_rolora_trains_and_sends_one_factor_per_round(minilm, tweets, tokenizer,
         expected = CLIENTS * sum(sent[r % 2] for r in range(ROUNDS))
         assert output.metrics["uplink_MB"] * 2**20 == expected
         assert expected < ROUNDS * CLIENTS * _bytes(model, (LORA_A, LORA_B, HEAD))  # less than all of it
+
+
+class StateRecording(FederatedTrainer):
+    """The correction's server state and the client store after every round."""
+
+    def _run_round(self, run, params, buffers):
+        entry = super()._run_round(run, params, buffers)
+        self.states = getattr(self, "states", []) + [{k: v.clone() for k, v in run.correction_state.items()}]
+        self.stores = getattr(self, "stores", []) + [{k: v.clone() for k, v in self.client_store.to_tensors().items()}]
+        return entry
+
+
+@pytest.mark.parametrize("algorithm,prefix", [("scaffold", "c."), ("fedpac_muon", "g.")])
+def test_rolora_keeps_the_correction_state_of_the_frozen_factor(minilm, tweets, tokenizer, tmp_path, algorithm, prefix):
+    """4 clients, 2 per round; B trains in rounds 0 and 2, A in round 1. SCAFFOLD's c_A (and each c_i,A) and
+    FedPAC's global direction g_A are exactly what round 1 left after round 2, where A is frozen, so they act when
+    A trains next; before, c_A was scaled by 1 - S/N and g_A was 0 in the round before A trained (FedPAC's mixing
+    never acted on A)."""
+    clients = 4
+    args = config(tmp_path, num_clients=clients, clients_per_round=2, num_rounds=3, local_steps=1,
+                  per_device_train_batch_size=4, partition_report=False, parameter_sharing="rolora",
+                  algorithm=algorithm)
+    trainer = StateRecording(model=lora_minilm(minilm, dropout=False), args=args, train_dataset=tweets["train"],
+                             data_collator=DataCollatorWithPadding(tokenizer))
+    trainer.train()
+    states = trainer.states
+    of = {role: [k for k in states[0] if role_of(k[len(prefix):]) == role] for role in (LORA_A, LORA_B)}
+    assert of[LORA_A] and of[LORA_B]
+    for frozen_round, role in ((2, LORA_A), (1, LORA_B)):
+        before, after = states[frozen_round - 1], states[frozen_round]
+        assert all(torch.equal(after[k], before[k]) for k in of[role])  # kept through the frozen round
+        assert sum(before[k].abs().sum().item() for k in of[role]) > 0  # and it is the trained round's, not zero
+    assert any(not torch.equal(states[2][k], states[1][k]) for k in of[LORA_B])  # B's moves on when B trains
+    if algorithm == "scaffold":  # each client's c_i of A is kept too, and c is still the mean of all N c_i
+        a_entries = [k for k in trainer.stores[1] if role_of(k.rsplit("/", 1)[1]) == LORA_A]
+        assert a_entries and all(torch.equal(trainer.stores[2][k], trainer.stores[1][k]) for k in a_entries)
+        final = trainer.stores[-1]
+        for key in states[-1]:
+            name = key[len(prefix):]
+            total = sum(t for k, t in final.items() if k.endswith(f"/scaffold_c/{name}"))
+            torch.testing.assert_close(states[-1][key], total / clients, rtol=1e-5, atol=1e-9)

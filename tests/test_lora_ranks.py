@@ -1,6 +1,7 @@
 """Heterogeneous LoRA ranks per client (fedhf/lora_ranks.py) on a real peft LoRA Llama with non-square layers:
 equal ranks change nothing (bit for bit), and with mixed ranks each client's adapter B_i A_i has rank <= r_i while
-FLoRA's global effective weight stays the exact mean of the clients'."""
+FLoRA's global effective weight stays the exact mean of the clients'; SCAFFOLD averages each rank component over
+the clients that train it, and an averaged optimizer state is refused."""
 
 from __future__ import annotations
 
@@ -34,12 +35,26 @@ class Recording(FederatedTrainer):
         return loss
 
 
-def _run(tokenizer, sft, tmp_path, **kw):
+class StateRecording(Recording):
+    """Also the round's local lr and the correction's server state after each round."""
+
+    def _local_steps(self, ctx, optimizer):
+        self.local_lr = ctx.local_lr
+        return super()._local_steps(ctx, optimizer)
+
+    def _run_round(self, run, params, buffers):
+        entry = super()._run_round(run, params, buffers)
+        self.correction_state = {k: v.clone() for k, v in run.correction_state.items()}
+        return entry
+
+
+def _run(tokenizer, sft, tmp_path, trainer_class=None, **kw):
     model = lora_llama(len(tokenizer), RANK)
     args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, local_steps=3,
                   per_device_train_batch_size=4, partition="iid", partition_report=False,
                   **{"num_rounds": 1, "local_optimizer": "adamw", "learning_rate": 1e-2, **kw})
-    trainer = Recording(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+    trainer = (trainer_class or Recording)(model=model, args=args, train_dataset=sft["train"],
+                                           data_collator=SFTCollator(tokenizer))
     trainer.train()
     return model, trainer
 
@@ -98,13 +113,46 @@ def test_personalised_evaluation_of_a_client_uses_its_rank(tokenizer, sft, tmp_p
         assert (abs(uncut - loss) > 1e-5) == (ranks[client] < RANK)  # the cut matters below the full rank
 
 
-@pytest.mark.parametrize("algorithm", ["fedpac_muon", "fadam_gt"])
-def test_mixed_ranks_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm):
+# fedpac_muon's averaged momentum is refused with mixed ranks (below); its mixing runs with the state reset
+@pytest.mark.parametrize("algorithm,kw", [("fadam_gt", {}), ("fedpac_muon", {"state_sync": "reset"})])
+def test_mixed_ranks_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm, kw):
     ranks = [1, 2, RANK]  # FedPAC's after-step mixing and FAdamGT's tracking cannot revive the cut components
-    _, trainer = _run(tokenizer, sft, tmp_path, server_rule="flexlora", lora_client_ranks=ranks, num_rounds=2,
-                      algorithm=algorithm, local_optimizer=None, learning_rate=None)
+    _, trainer = _run(tokenizer, sft, tmp_path, server_rule="fedex_lora", lora_client_ranks=ranks, num_rounds=2,
+                      algorithm=algorithm, local_optimizer=None, learning_rate=None, **kw)  # flexlora refuses state
     assert len(trainer.seen) == 2 * CLIENTS
     for _, client, adapters, _ in trainer.seen:
         for a, b in adapters.values():
             assert torch.count_nonzero(a[ranks[client]:]) == 0 and torch.count_nonzero(b[:, ranks[client]:]) == 0
     assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in trainer.federated_history)
+
+
+def test_scaffold_averages_each_component_over_the_clients_that_train_it(tokenizer, sft, tmp_path):
+    """ranks [1, 4, 4], one round of SCAFFOLD (c = c_i = 0 before it): c on component 0 is the mean of the three
+    clients' (x^r - x_i^K) / (K eta), on components 1..3 the mean of the two full-rank clients' only. Before, the
+    rank-1 client's zeroing entered c as (x^r - 0) / (K eta), thousands of times the gradient scale."""
+    ranks, steps = [1, RANK, RANK], 3
+    initial = {n: p.detach().clone() for n, p in lora_llama(len(tokenizer), RANK).named_parameters()}
+    _, trainer = _run(tokenizer, sft, tmp_path, trainer_class=StateRecording, server_rule="fedex_lora",
+                      lora_client_ranks=ranks, algorithm="scaffold", local_optimizer=None, learning_rate=None)
+    scale = 1.0 / (steps * trainer.local_lr)
+    finals = {client: adapters for _, client, adapters, _ in trainer.seen}
+    c = trainer.correction_state
+    for a_name in finals[0]:
+        b_name = a_name.replace("lora_A", "lora_B")
+        for name, index, cut in ((a_name, 0, lambda t, j: t[j]), (b_name, 1, lambda t, j: t[:, j])):
+            estimates = {i: (initial[name] - finals[i][a_name][index]) * scale for i in finals}  # (x^r - x_i^K)/(K eta)
+            torch.testing.assert_close(cut(c[f"c.{name}"], 0), sum(cut(e, 0) for e in estimates.values()) / 3,
+                                       rtol=1e-4, atol=1e-9)
+            full_rank_mean = (cut(estimates[1], slice(1, None)) + cut(estimates[2], slice(1, None))) / 2
+            torch.testing.assert_close(cut(c[f"c.{name}"], slice(1, None)), full_rank_mean, rtol=1e-4, atol=1e-9)
+    b_names = [n for n in c if "lora_B" in n]
+    assert any(c[n][:, 1:].abs().sum() > 0 for n in b_names)  # B's high components did learn (non-trivial check)
+
+
+def test_mixed_ranks_refuse_an_averaged_optimizer_state(tokenizer, sft, tmp_path):
+    """FedPAC_Muon averages the clients' momentum: a rank-1 client's is zero on the components it lacks."""
+    model = lora_llama(len(tokenizer), RANK)
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, server_rule="fedex_lora",
+                  lora_client_ranks=[1, RANK, RANK], algorithm="fedpac_muon")
+    with pytest.raises(ValueError, match="state_sync='average_warmstart'.*persist_local"):
+        FederatedTrainer(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))

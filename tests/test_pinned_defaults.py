@@ -23,7 +23,8 @@ def optimizer_settings(algo) -> dict:
     out = {"optimizer": algo.local_optimizer.cls.__name__}
     out.update({prefix + k: v for prefix, g in groups.items() for k, v in g.items() if k not in _TORCH_FLAGS})
     for attribute in ("momentum_form", "ortho", "eigenbasis_refresh", "momentum_in_theta", "hessian_estimator",
-                      "hess_interval", "hessian_grad_clip", "amsgrad", "damping", "curvature_samples"):
+                      "hess_interval", "hessian_grad_clip", "amsgrad", "fresh_bias_correction", "damping",
+                      "curvature_samples"):
         if hasattr(opt, attribute):
             out[attribute] = getattr(opt, attribute)
     out.pop("hessian_batch_size", None)  # Sophia's bs of the last refresh: state, not a setting
@@ -63,7 +64,7 @@ SOPHIA = {"optimizer": "Sophia", "lr": 3e-4, "betas": (0.9, 0.99), "rho": 0.01, 
           "momentum_in_theta": False}  # m restarts each round (2.1, 2.9c)
 FOOF = {"optimizer": "FOOF", "lr": 0.3, "weight_decay": 1e-4, "damping": 1.0, "curvature_samples": None}  # 2.10
 FADAM = {"optimizer": "AMSGradNoBias", "lr": 1e-3, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 1e-8,
-         "amsgrad": True}  # 2.13, sec. 6.1
+         "amsgrad": True, "fresh_bias_correction": False}  # 2.13, sec. 6.1 (no bias correction in any round)
 
 NONE = ("Correction", {})
 MIX_AFTER = ("GlobalMix", {"beta": 0.5, "position": "after"})  # FedPAC beta 0.5 (5.3), FedMuon alpha 0.5 (2.8)
@@ -91,7 +92,8 @@ EXPECTED = {
     "fedyogi": (sgd(0.05, 0.0), NONE, RESET, adaptive("yogi")),
     "fedadagrad": (sgd(0.05, 0.0), NONE, RESET, adaptive("adagrad")),
     "fedlada": ({"optimizer": "AMSGradNoBias", "lr": 3e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-3,
-                 "amsgrad": False}, ("GlobalMix", {"beta": 0.9, "position": "after"}), AVERAGE, MEAN),  # 2.7, 5.15
+                 "amsgrad": False, "fresh_bias_correction": True},
+                ("GlobalMix", {"beta": 0.9, "position": "after"}), AVERAGE, MEAN),  # 2.7, 5.15
     "fedmuon": (muon(0.98), MIX_AFTER, AVERAGE, MEAN),  # 2.8 momentum 0.98
     "fedmuon_svd": (muon(0.98), MIX_AFTER, ("CompressedAverage", {"fraction": 0.05}), MEAN),  # 2.8 c = 0.05
     "fedpac_muon": (muon(0.95), MIX_AFTER, AVERAGE, MEAN),  # 2.9a momentum 0.95

@@ -203,21 +203,24 @@ def test_sophia_family(tmp_path, name, beta, policy, options):
 
 
 def test_fedlada(tmp_path):
-    """Adam without bias correction, coupled wd 1e-3, at eta_r (1 - 0.9); v averaged and warm-started, m reset;
-    then x <- x - 0.9 eta_r g_G (ALGORITHMS.md 2.7)."""
+    """Adam, coupled wd 1e-3, at eta_r (1 - 0.9); v averaged and warm-started, m reset; then
+    x <- x - 0.9 eta_r g_G (ALGORITHMS.md 2.7). Round 1 (no v carried yet) is bias-corrected Adam, later rounds
+    (v warm-started) are not, as in the FedAdamW code's FedLADA."""
     K, beta, b1, b2, eps, wd = 2, 0.9, 0.9, 0.999, 1e-8, 1e-3
     mix, vbar, finals_v = GlobalDirection(K), {}, {}
 
     def client(i, r, eta, x, sample):
         lr = eta * (1 - beta)
-        v = {k: t.clone() for k, t in vbar.items()} if vbar else zeros_like(x)
+        fresh = not vbar
+        v = zeros_like(x) if fresh else {k: t.clone() for k, t in vbar.items()}
         m = zeros_like(x)
-        for _ in range(K):
+        for t in range(1, K + 1):
             g = grad(x, i)
+            c1, c2 = (1 - b1 ** t, 1 - b2 ** t) if fresh else (1.0, 1.0)
             for n in x:
                 d = g[n] + wd * x[n]
                 m[n], v[n] = b1 * m[n] + (1 - b1) * d, b2 * v[n] + (1 - b2) * d ** 2
-                x[n] = x[n] - lr * m[n] / (v[n].sqrt() + eps)
+                x[n] = x[n] - lr * (m[n] / c1) / ((v[n] / c2).sqrt() + eps)
             x = mix.apply(x, beta, eta)
         finals_v[i] = v
         return x

@@ -44,6 +44,7 @@ class Algorithm:
                 f"State sync {self.state_sync.name!r} warm-starts the optimizer state, which {optimizer.cls.__name__} "
                 "cannot import: choose a fedhf local optimizer (sgd/adamw from torch only export it) or "
                 "`state_sync='reset'`.")
+        check_basis_stable_state(self)
         if self.server_rule.aggregator.needs_preconditioners and not optimizer.exports_preconditioners:
             raise ValueError(f"Server rule {self.server_rule.name!r} needs the local optimizer FOOF (one that exports "
                              f"preconditioners), got {optimizer.cls.__name__}: "
@@ -53,6 +54,28 @@ class Algorithm:
         optimizer = self.local_optimizer
         return (f"{self.name}: local_optimizer={optimizer.cls.__name__}({dict(optimizer.kwargs)}), "
                 f"state_sync={self.state_sync!r}, correction={self.correction!r}, server_rule={self.server_rule!r}")
+
+
+def check_basis_stable_state(algorithm: Algorithm) -> None:
+    """A rule that re-factorises LoRA every round (FlexLoRA, FedSVD, FLoRA) keeps the product B A but not A and B:
+    FlexLoRA's SVD may reorder and flip components, FedSVD rotates them, FLoRA restarts the adapter. State kept per
+    entry of A and B across rounds -- a correction's c / g_G / y, an optimizer's Theta warm-started or persisted --
+    was measured in the old basis and would act in the new one. Adam-family Theta is elementwise and cannot be
+    rotated at all, so these combinations are refused rather than transformed."""
+    rule = algorithm.server_rule
+    if not rule.aggregator.refactorises_lora:
+        return
+    if algorithm.correction.carries_state:
+        raise ValueError(
+            f"`server_rule={rule.name!r}` rebuilds LoRA A and B in a new basis every round, but the correction "
+            f"{algorithm.correction.name!r} keeps state for A and B from round to round, which would be applied in "
+            "the old basis. Use server_rule='fedex_lora' (it keeps the averaged A and B) or a stateless correction "
+            "(`correction='none'` or 'proximal').")
+    if algorithm.state_sync.imports_theta:
+        raise ValueError(
+            f"`server_rule={rule.name!r}` rebuilds LoRA A and B in a new basis every round, but `state_sync="
+            f"{algorithm.state_sync.name!r}` carries the optimizer state of A and B into the next round, where it "
+            "would act in the old basis. Use `state_sync='reset'` or server_rule='fedex_lora'.")
 
 
 ALGORITHMS: Registry[Callable[..., Algorithm]] = Registry("algorithm", "algorithm")

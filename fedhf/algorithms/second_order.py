@@ -167,11 +167,13 @@ def fedpac_sophia_light(lr: float = 3e-4, weight_decay: float = 0.01, rho: float
 def fedlada(lr: float = 3e-4, weight_decay: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
             beta: float = 0.9) -> Algorithm:
     """FedLADA (Sun et al., 2023, "Efficient Federated Learning via Local Adaptive Amended Optimizer with Linear
-    Speedup"), as the baseline implemented by the FedAdamW code: Adam without bias correction (coupled wd 1e-3),
-    v averaged and warm-started, m reset, global-direction mixing with weight 0.9 after preconditioning.
+    Speedup"), as the baseline implemented by the FedAdamW code: Adam (coupled wd 1e-3), v averaged and
+    warm-started, m reset, global-direction mixing with weight 0.9 after preconditioning. As in that code, Adam's
+    bias correction is on while a client has no carried v (round one: ordinary Adam from zero moments) and off
+    once v is warm-started (``fresh_bias_correction``, :class:`fedhf.optim.amsgrad.AMSGradNoBias`).
     Sends 2 (Delta, v) | 3 (x, g_G, vbar)."""
     opt = LocalOptimizer("amsgrad", {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps,
-                                     "amsgrad": False})
+                                     "amsgrad": False, "fresh_bias_correction": True})
     return Algorithm("fedlada", opt, correction=GlobalMix(beta, position="after"), state_sync=AverageWarmstart())
 
 

@@ -30,6 +30,9 @@ class Correction(ABC):
     name = "none"
     #: The local optimizer runs at ``lr_scale * eta_r`` (global-direction mixing uses 1 - beta).
     lr_scale = 1.0
+    #: Keeps state in parameter coordinates from round to round (SCAFFOLD's c, c_i; a global direction; tracking's
+    #: y, y_i), which a server rule that re-factorises LoRA every round would invalidate (checked at compose).
+    carries_state = False
 
     def server_init(self, global_params: TensorDict) -> TensorDict:
         """State the server keeps and broadcasts to the round's clients (its bytes count as downlink)."""

@@ -5,6 +5,11 @@ send Delta_c_i = c_i+ - c_i.  Server: c <- c + (1/N) sum_{i in S} Delta_c_i (ALG
 c_i persists per client id in the client state store; c is broadcast. With c = c_i = 0 the first round is
 FedAvg; with identical clients c_i = c always, so the correction vanishes and SCAFFOLD equals FedAvg.
 
+Only what the client trained is measured (``ctx.trained``): a tensor frozen this round (RoLoRA) keeps c_i, and c,
+as they were (its zero change is not a zero gradient), and a rank component a client does not have
+(``lora_client_ranks``) is neither shifted nor refreshed, and c averages each component over the clients that
+train it (``ServerContext.population``): c_j = mean of c_ij over those clients, as SCAFFOLD's c = mean_i c_i.
+
 Unlike the FedPAC/FedMuon reference code (which adds the correction as a Python float to the loss, so it has
 no gradient effect, and keeps c_i per worker instead of per client), this is the real algorithm.
 """
@@ -21,6 +26,7 @@ from .base import Correction
 
 class ControlVariate(Correction):
     name = "control_variate"
+    carries_state = True
 
     def client_state_bytes(self, global_params: TensorDict) -> int:
         return num_bytes(global_params)  # one fp32 tensor per shared parameter, like x^r
@@ -35,8 +41,9 @@ class ControlVariate(Correction):
     def client_begin(self, ctx: ClientContext) -> None:
         c_i = self._client_variate(ctx)
         ctx.scratch["c_i"] = c_i
-        # c - c_i is constant over the round: compute it once, not every step.
-        ctx.scratch["shift"] = {n: ctx.correction_state[f"c.{n}"] - c_i[n] for n in ctx.params}
+        # c - c_i is constant over the round: compute it once, not every step (zero where the client does not train).
+        ctx.scratch["shift"] = {n: ctx.trained.on_trained(n, ctx.correction_state[f"c.{n}"] - c_i[n])
+                                for n in ctx.params}
 
     @torch.no_grad()
     def before_step(self, ctx: ClientContext) -> None:
@@ -48,13 +55,12 @@ class ControlVariate(Correction):
     def client_end(self, ctx: ClientContext) -> Message:
         c_i = ctx.scratch["c_i"]
         scale = 1.0 / (ctx.local_steps * ctx.local_lr)
-        new_c_i = {
-            n: c_i[n] - ctx.correction_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
-            for n, p in ctx.params.items()
-        }
+        estimate = {n: c_i[n] - ctx.correction_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
+                    for n, p in ctx.params.items()}
+        new_c_i = {n: ctx.trained.keep_untrained(n, e, c_i[n]) for n, e in estimate.items()}
         ctx.store.put(ctx.client_id, "scaffold_c", new_c_i)
         return Message().put("dc", {n: new_c_i[n] - c_i[n] for n in new_c_i})  # unweighted: the server divides by N
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         dc = ctx.sums.tensors("dc", ctx.global_params)
-        return {f"c.{n}": state[f"c.{n}"] + dc[n] / ctx.num_clients for n in ctx.global_params}
+        return {f"c.{n}": state[f"c.{n}"] + dc[n] / ctx.population(n) for n in ctx.global_params}

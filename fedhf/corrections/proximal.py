@@ -26,4 +26,5 @@ class Proximal(Correction):
             return
         for name, p in ctx.params.items():
             if p.grad is not None:
-                p.grad.add_(p - ctx.global_params[name].to(p.dtype), alpha=self.mu)
+                # no pull on entries the client does not train (a rank component it lacks is zero, not a step)
+                p.grad.add_(ctx.trained.on_trained(name, p - ctx.global_params[name].to(p.dtype)), alpha=self.mu)

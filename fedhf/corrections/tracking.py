@@ -24,6 +24,11 @@ sample is a uniformly random ordered draw, its prefix is a uniformly random subs
 process computes the same Y_r without communicating. (If ``participants`` were sorted, low client ids would
 always be tracked; the trainer must pass the draw order.) The default 0.5 is the paper's Y = S/2 (sec. 6.1).
 
+Only what the client trained is measured (``ctx.trained``), as in SCAFFOLD (:mod:`fedhf.corrections.control_variate`):
+a tensor frozen this round keeps y_i (its zero change, or its missing gradient, is not a zero direction), a rank
+component a client does not have is neither shifted nor refreshed, and y averages each component over the clients
+that train it (``ServerContext.population``).
+
 The client's second moment v_i is persisted by the state-sync axis, not here. This class does not inherit from
 :class:`ControlVariate`: SCAFFOLD refreshes every participant's variate from the model change, tracking refreshes
 a subset and (for GT) from the raw gradients.
@@ -52,6 +57,7 @@ def tracked_clients(participants: Sequence[int], fraction: float) -> Sequence[in
 
 class ParameterTracking(Correction):
     name = "parameter_tracking"
+    carries_state = True
 
     def __init__(self, position: str = "after", tracked_fraction: float = 0.5) -> None:
         if position not in POSITIONS:
@@ -73,8 +79,9 @@ class ParameterTracking(Correction):
         stored = ctx.store.get(ctx.client_id, STORE_KEY)
         y_i = stored if stored is not None else {n: torch.zeros_like(t) for n, t in ctx.global_params.items()}
         ctx.scratch["y_i"] = y_i
-        # y - y_i is constant over the round: compute it once, not every step.
-        ctx.scratch["shift"] = {n: ctx.correction_state[f"y.{n}"] - y_i[n] for n in ctx.params}
+        # y - y_i is constant over the round: compute it once, not every step (zero where the client does not train).
+        ctx.scratch["shift"] = {n: ctx.trained.on_trained(n, ctx.correction_state[f"y.{n}"] - y_i[n])
+                                for n in ctx.params}
         ctx.scratch["tracked"] = ctx.client_id in tracked_clients(ctx.participants, self.tracked_fraction)
         if ctx.scratch["tracked"] and self.position == "before":
             ctx.scratch["grad_sum"] = {n: torch.zeros_like(y_i[n]) for n in ctx.params}
@@ -111,6 +118,7 @@ class ParameterTracking(Correction):
                        for n, p in ctx.params.items()}
         else:
             new_y_i = {n: s / K for n, s in ctx.scratch["grad_sum"].items()}
+        new_y_i = {n: ctx.trained.keep_untrained(n, t, y_i[n]) for n, t in new_y_i.items()}
         ctx.store.put(ctx.client_id, STORE_KEY, new_y_i)
         message = Message().put("dy", {n: new_y_i[n] - y_i[n] for n in new_y_i})  # unweighted: the server divides by N
         return message.put_scalar("n_track", 1.0)
@@ -121,4 +129,4 @@ class ParameterTracking(Correction):
         if not ctx.sums.has("dy"):  # every tracked client of the round was excluded: y stays
             return dict(state)
         dy = ctx.sums.tensors("dy", ctx.global_params)
-        return {f"y.{n}": state[f"y.{n}"] + dy[n] / ctx.num_clients for n in ctx.global_params}
+        return {f"y.{n}": state[f"y.{n}"] + dy[n] / ctx.population(n) for n in ctx.global_params}

@@ -34,6 +34,9 @@ class Aggregator(ABC):
     needs_lora_pairs = False
     #: Clients train only LoRA B; A is frozen on every client and set by the server alone (FedSVD).
     freezes_lora_a = False
+    #: Rebuilds LoRA A and B in a new basis every round with the same product (FlexLoRA's and FedSVD's SVD, FLoRA's
+    #: restart): state kept in A/B coordinates across rounds would be applied in the wrong basis (checked at compose).
+    refactorises_lora = False
 
     def client_end(self, ctx: ClientContext, optimizer) -> Message:
         """The client half: what this aggregator needs beyond the model change. Nothing by default."""

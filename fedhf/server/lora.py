@@ -92,6 +92,7 @@ class FLoRA(FedExLoRA):
     """The whole mean product goes into the base; the adapter restarts (B = 0, A drawn from the round)."""
 
     name = "flora"
+    refactorises_lora = True
 
     def aggregate(self, ctx: ServerContext) -> TensorDict:
         direction, x = dict(ctx.mean_delta), ctx.global_params
@@ -105,6 +106,7 @@ class FlexLoRA(ProductAggregator):
     """A and B re-factorised from the SVD of the mean product, at the adapter's rank."""
 
     name = "flexlora"
+    refactorises_lora = True
 
     def aggregate(self, ctx: ServerContext) -> TensorDict:
         direction, x = dict(ctx.mean_delta), ctx.global_params
@@ -122,6 +124,7 @@ class FedSVD(Aggregator):
     name = "fedsvd"
     needs_lora_pairs = True
     freezes_lora_a = True  # the trainer's sharing plan keeps A out of every client's training
+    refactorises_lora = True
 
     def aggregate(self, ctx: ServerContext) -> TensorDict:
         direction, x = dict(ctx.mean_delta), ctx.global_params

@@ -48,6 +48,7 @@ class StateSync(ABC):
 
     name = "reset"
     imports_theta = False  # needs an optimizer that can import Theta
+    averages_theta = False  # one client's Theta reaches the others (through the server's average)
 
     def client_begin(self, ctx: ClientContext, optimizer) -> None:
         pass
@@ -91,6 +92,7 @@ class PersistLocal(StateSync):
 class AverageWarmstart(StateSync):
     name = "average_warmstart"
     imports_theta = True
+    averages_theta = True
 
     def client_begin(self, ctx: ClientContext, optimizer) -> None:
         if ctx.sync_state:  # empty in round 0: a fresh optimizer

@@ -1,7 +1,9 @@
 """Every registered correction through the same checks (issue 10 item 6): a round without gradient is a fixed point
-of the client and the server halves, the server state survives a safetensors round trip, and the server half does
-not depend on the order in which clients are summed. Clients run the trainer's hook order (clip, ``before_step``,
-an SGD step at ``round_lr * lr_scale``, ``after_step``) on one tensor. tests/server/test_conformance.py fails when a
+of the client and the server halves, the server state survives a safetensors round trip, the server half does
+not depend on the order in which clients are summed, a tensor frozen for a round (RoLoRA) leaves every correction
+state of it unchanged, and a component a client does not train (``lora_client_ranks``) contributes nothing.
+Clients run the trainer's hook order (clip, ``before_step``, an SGD step at ``round_lr * lr_scale``,
+``after_step``) on one tensor (two for the trained-part checks). tests/server/test_conformance.py fails when a
 registered correction is missing from ``CASES``."""
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 from safetensors.torch import load, save
 
 from fedhf.aggregation import RoundSums
-from fedhf.context import ClientContext, ServerContext
+from fedhf.context import ClientContext, ServerContext, TrainedPart
 from fedhf.corrections import CORRECTIONS
 from fedhf.state import ClientStateStore
 
@@ -92,3 +94,101 @@ def test_state_round_trip_through_safetensors_changes_nothing(name):
     b_state, b_finals = _round(correction, reloaded, _grads(2), store_copy, r=1)
     assert all(torch.equal(a_state[k], b_state[k]) for k in a_state) and a_state.keys() == b_state.keys()
     assert all(torch.equal(a_finals[c], b_finals[c]) for c in a_finals)
+
+
+# Two tensors for the trained-part checks: "w" always trained, "v" frozen for a round or trained in part (a 2 x 3
+# "rank" layout: row j is component j, as A's rows under lora_client_ranks).
+GLOBAL = {"w": X0, "v": torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]])}
+ROW0 = torch.tensor([[1.0], [0.0]])  # a client that trains component 0 only
+
+
+def _truncate(params, part):
+    """What ClientRanks does: the components a client lacks are zero at its start and after every step."""
+    with torch.no_grad():
+        for name, mask in part.masks.items():
+            params[name].mul_(mask)
+
+
+def _parts_round(correction, state, grads_by_client, store, parts, frozen=frozenset(), trainers=None, r=0):
+    """One round over GLOBAL; ``parts[cid]`` is what client cid trains. Returns the new server state."""
+    participants = list(grads_by_client)
+    sums = RoundSums()
+    for cid in participants:
+        part = parts.get(cid, TrainedPart(frozen))
+        params = {n: torch.nn.Parameter(t.clone(), requires_grad=n not in part.frozen) for n, t in GLOBAL.items()}
+        _truncate(params, part)
+        ctx = ClientContext(client_id=cid, round=r, round_lr=ROUND_LR, local_lr=ROUND_LR * correction.lr_scale,
+                            local_steps=K, weight=1.0, params=params, global_params=GLOBAL, correction_state=state,
+                            store=store, participants=participants, num_clients=N, trained=part)
+        correction.client_begin(ctx)
+        for g in grads_by_client[cid]:
+            for n, p in params.items():
+                p.grad = None if n in part.frozen else g[n].clone()
+            correction.before_step(ctx)
+            with torch.no_grad():
+                for p in params.values():
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-ctx.local_lr)
+            correction.after_step(ctx)
+            _truncate(params, part)
+        assert all(torch.equal(params[n], GLOBAL[n]) for n in part.frozen)  # nothing moves a frozen tensor
+        sums.add_message(correction.client_end(ctx), "correction")
+        sums.add_tensors("dx", {n: p.detach() - GLOBAL[n] for n, p in params.items()})
+        sums.add("w", 1.0)
+    mean_delta = {n: t / sums.scalar("w") for n, t in sums.tensors("dx", GLOBAL).items()}
+    server = ServerContext(round=r, round_lr=ROUND_LR, local_steps=K, num_clients=N, sums=sums.within("correction"),
+                           global_params=GLOBAL, mean_delta=mean_delta, frozen=frozen, trainers=trainers or {})
+    return correction.server_update(state, server)
+
+
+def _parts_grads(seed, clients=(2, 0, 3)):
+    g = torch.Generator().manual_seed(seed)
+    return {cid: [{n: torch.randn(t.shape, generator=g) for n, t in GLOBAL.items()} for _ in range(K)]
+            for cid in clients}
+
+
+def _of_v(tensors):
+    """The entries of a server state ("c.v") or of the client store ("<client>/<entry>/v") that belong to v."""
+    return {k: t for k, t in tensors.items() if k.endswith(".v") or k.endswith("/v")}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_frozen_tensor_leaves_the_correction_state_unchanged(name):
+    """RoLoRA: v trains in round 0 and is frozen in round 1; its zero change is not a zero gradient, so c, c_i,
+    g_G, y and y_i of v stay exactly as round 0 left them."""
+    correction = CORRECTIONS.get(name)(**CASES[name])
+    store = ClientStateStore()
+    trained = _parts_round(correction, correction.server_init(GLOBAL), _parts_grads(3), store, {})
+    kept_store = {k: t.clone() for k, t in _of_v(store.to_tensors()).items()}
+    if correction.carries_state:  # round 0 left state for v: "unchanged" below is not "still zero"
+        assert any(t.abs().sum() > 0 for t in _of_v(trained).values())
+    frozen = _parts_round(correction, trained, _parts_grads(4), store, {}, frozen=frozenset({"v"}), r=1)
+    assert frozen.keys() == trained.keys()
+    assert all(torch.equal(frozen[k], trained[k]) for k in _of_v(trained))
+    assert _of_v(store.to_tensors()).keys() == kept_store.keys()
+    assert all(torch.equal(store.to_tensors()[k], t) for k, t in kept_store.items())
+    if correction.carries_state:  # while w's state moved on
+        assert any(not torch.equal(frozen[k], trained[k]) for k in trained if k not in _of_v(trained))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_truncated_component_contributes_nothing(name):
+    """lora_client_ranks: client 0 trains only component 0 of v (3 of the N = 4 clients train component 1). Its
+    truncation of component 1 is neither a step nor a gradient: the server state of component 1 is what the round
+    would give without client 0, and client 0's own state there stays as it was."""
+    correction = CORRECTIONS.get(name)(**CASES[name])
+    trainers = {"v": torch.tensor([[float(N)], [N - 1.0]])}
+    full = TrainedPart(masks={"v": torch.ones(2, 1)})
+    parts = {0: TrainedPart(masks={"v": ROW0}), 2: full, 3: full}
+    grads = _parts_grads(5)  # client 0 gets a gradient on component 1 too: the correction must not use it
+    state = correction.server_init(GLOBAL)
+    with_0 = _parts_round(correction, state, grads, store := ClientStateStore(), parts, trainers=trainers)
+    without_0 = _parts_round(correction, state, {c: g for c, g in grads.items() if c != 0}, ClientStateStore(), parts,
+                             trainers=trainers)
+    for key in _of_v(with_0):
+        torch.testing.assert_close(with_0[key][1], without_0[key][1], rtol=1e-6, atol=1e-7)
+        if correction.carries_state:  # the others' component 1 is in it
+            assert with_0[key][1].abs().sum() > 0
+    for key, t in _of_v(store.to_tensors()).items():
+        if key.startswith("0/"):  # client 0's own state of component 1: still the initial zero
+            assert torch.equal(t[1], torch.zeros(3))

@@ -118,3 +118,32 @@ def test_defaults_are_the_papers():
     assert AMSGradNoBias([p]).amsgrad
     cov = CovarianceAdam([p]).defaults
     assert (cov["lr"], cov["betas"], cov["tau"], cov["weight_decay"]) == (1e-3, (0.9, 0.9), 1e-3, 0.0)
+
+
+def test_fresh_bias_correction_corrects_only_a_round_without_imported_v():
+    """FedLADA: bias-corrected Adam steps while v was not imported; plain steps after a warm start."""
+    lr, b1, b2, eps, wd = 0.1, 0.8, 0.5, 1e-8, 0.01
+    kwargs = {"lr": lr, "betas": (b1, b2), "eps": eps, "weight_decay": wd, "amsgrad": False,
+              "fresh_bias_correction": True}
+    fresh, optimizer = _run(AMSGradNoBias, grads=GRADS[:2], **kwargs)
+    expected = []
+    for j, p in enumerate(P0):  # two steps of Adam (Kingma & Ba, Algorithm 1), written out
+        m = v = 0.0
+        for t, g in enumerate(GRADS[:2], start=1):
+            g = g[j] + wd * p
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+            p = p - lr * (m / (1 - b1 ** t)) / (math.sqrt(v / (1 - b2 ** t)) + eps)
+        expected.append(p)
+    assert fresh == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    uncorrected, _ = _run(AMSGradNoBias, grads=GRADS[:2], **{**kwargs, "fresh_bias_correction": False})
+    assert abs(fresh[0] - uncorrected[0]) > 1e-2  # the first steps differ materially
+
+    theta = optimizer.export_theta()  # the next round: v warm-started, no correction
+    warm, _ = _run(AMSGradNoBias, grads=GRADS[2:], theta=theta, **kwargs)
+    v0 = theta["exp_avg_sq:w"].tolist()
+    by_hand = []
+    for j, p in enumerate(P0):
+        g = GRADS[2][j] + wd * p
+        m, v = (1 - b1) * g, b2 * v0[j] + (1 - b2) * g * g
+        by_hand.append(p - lr * m / (math.sqrt(v) + eps))
+    assert warm == pytest.approx(by_hand, rel=1e-6)  # Theta is stored in fp32

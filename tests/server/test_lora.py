@@ -1,6 +1,7 @@
 """FedEx-LoRA (fedhf/server/lora.py) on a real peft LoRA Llama with non-square adapted layers: after a round the
 global effective weight W + (alpha/r) B A is the mean of the clients' effective weights (with plain FedAvg it is
-not), what it sends is counted, resume is exact, and it composes with fedavg, fedpac_muon and fadam_gt."""
+not), what it sends is counted, resume is exact, and it composes with fedavg, fedpac_muon and fadam_gt (the rules
+that re-factorise A and B refuse the stateful ones)."""
 
 from __future__ import annotations
 
@@ -107,8 +108,13 @@ def test_fedex_resume_restores_the_folded_base_weights(tokenizer, sft, tmp_path)
     assert all(torch.equal(p, reference[n]) for n, p in resumed.named_parameters())
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedpac_muon", "fadam_gt"])
-@pytest.mark.parametrize("rule", ["fedex_lora", "flora", "flexlora", "fedsvd"])
+REFACTORISING = ["flora", "flexlora", "fedsvd"]
+
+
+# fedpac_muon (global direction g_G, averaged momentum) and fadam_gt (tracking y, y_i, persisted v_hat) keep state
+# in A/B coordinates; only fedex_lora keeps the averaged A and B, the other rules rebuild them every round.
+@pytest.mark.parametrize("algorithm,rule", [("fedavg", rule) for rule in ["fedex_lora"] + REFACTORISING]
+                         + [("fedpac_muon", "fedex_lora"), ("fadam_gt", "fedex_lora")])
 def test_lora_rules_compose_with_second_order_algorithms(tokenizer, sft, tmp_path, algorithm, rule):
     fedavg = {"local_optimizer": "adamw", "learning_rate": 1e-2} if algorithm == "fedavg" else {}
     model, trainer, output = run(tokenizer, sft, tmp_path, rounds=2, algorithm=algorithm, server_rule=rule,
@@ -120,6 +126,22 @@ def test_lora_rules_compose_with_second_order_algorithms(tokenizer, sft, tmp_pat
     mean = {n: sum(c[n] for c in clients) / len(clients) for n in clients[0]}
     glob = effective_weights(model)
     assert max((glob[n] - mean[n]).abs().max().item() for n in mean) < 1e-5
+
+
+@pytest.mark.parametrize("rule", REFACTORISING)
+@pytest.mark.parametrize("algorithm,axes,named", [
+    ("fedpac_muon", {}, "correction 'global_mix'"),  # refused on its correction first
+    ("fadam_gt", {}, "correction 'parameter_tracking'"),
+    ("scaffold", {}, "correction 'control_variate'"),
+    ("fedavg", {"local_optimizer": "amsgrad", "state_sync": "persist_local"}, "state_sync='persist_local'"),
+    ("fedavg", {"local_optimizer": "amsgrad", "state_sync": "average_warmstart"}, "state_sync='average_warmstart'")])
+def test_refactorising_rules_refuse_state_kept_in_the_old_basis(tmp_path, rule, algorithm, axes, named):
+    common = dict(num_clients=CLIENTS, clients_per_round=CLIENTS, algorithm=algorithm)
+    with pytest.raises(ValueError, match="new basis every round") as err:
+        config(tmp_path, server_rule=rule, **common, **axes)
+    assert named in str(err.value) and "fedex_lora" in str(err.value)
+    config(tmp_path, server_rule="fedex_lora", **common, **axes)  # the named fix
+    config(tmp_path, server_rule=rule, **common, **{**axes, "correction": "proximal", "state_sync": "reset"})  # or none
 
 
 def test_fedsvd_clients_train_only_b_and_the_server_makes_a_orthonormal(tokenizer, sft, tmp_path):
