@@ -223,7 +223,8 @@ def sharing_roles(sharing: ParameterSharing, model: torch.nn.Module, algorithm) 
         check_alternating([n for n, r in roles.items() if r == SHARED], algorithm.server_rule)
     lora = [n for n in roles if role_of(n) in (LORA_A, LORA_B)]
     if algorithm.server_rule.aggregator.needs_lora_pairs:
-        lora_layers(model)  # refuses DoRA, fan_in_fan_out and LoRA on embeddings
+        # refuses DoRA, conv LoRA and LoRA on embeddings; fan_in_fan_out only for rules that write into W
+        lora_layers(model, allow_fan_in_fan_out=not algorithm.server_rule.folds_into_base)
         if not lora:
             raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` aggregates LoRA products, but the model "
                              "has no trainable LoRA A/B: apply a peft LoRA adapter, or choose another server_rule.")

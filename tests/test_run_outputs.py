@@ -80,7 +80,7 @@ def check_reload(tokenizer, sft, tmp_path, trainer, evaluated, head=False):
     saved = str(tmp_path / "saved")
     reloaded = eval_loss(reload(saved, len(tokenizer), head), sft, tokenizer, tmp_path)
     untrained = eval_loss(base_llama(len(tokenizer), untied=head), sft, tokenizer, tmp_path)
-    assert abs(reloaded - evaluated) < 1e-5, (reloaded, evaluated)
+    assert abs(reloaded - evaluated) < 2e-6, (reloaded, evaluated)  # a few float32 ulps of a loss near 10
     assert abs(evaluated - untrained) > 1e-3, (evaluated, untrained)  # the evaluated model is the trained one
     folds = trainer.algorithm.server_rule.folds_into_base
     adapter = isinstance(trainer.model, PeftModel) and not folds
