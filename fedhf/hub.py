@@ -3,7 +3,9 @@
 
 Model cards follow huggingface_hub's ``ModelCard`` format: YAML metadata (``base_model`` by its Hub id, ``tags``,
 ``library_name``) then Markdown. peft's ``save_pretrained`` writes its own card with ``base_model`` set to the path
-the base was loaded from, often an absolute local path; ours replaces it and never names a local path.
+the base was loaded from, often an absolute local path; ours replaces it and never names a local path. The card
+says what the folder holds (a peft adapter, with ``library_name: peft`` as peft writes it; or full weights, merged
+when the server rule changed the base weights) and how to load it, and its eval rows are the saved round's.
 """
 
 from __future__ import annotations

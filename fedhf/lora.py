@@ -3,8 +3,9 @@ the model's LoRA layers (base weight, A, B and the scale s = lora_alpha / r that
 
 A peft LoRA layer computes W x + s B A x (Hu et al. 2021, "LoRA", arXiv:2106.09685) with A (r x in) and
 B (out x r), so its effective weight is W + s B A, the same (out x in) shape as an ``nn.Linear`` weight: no
-transpose is needed except for ``fan_in_fan_out`` layers (GPT-2's Conv1D), which the rules that need the product
-refuse. Neutral: used by the parameter-sharing axis (:mod:`fedhf.sharing`) and the LoRA server rules
+transpose is needed except to write it into the (in x out) weight of a ``fan_in_fan_out`` layer (GPT-2's
+Conv1D), which the rules that fold into the base refuse; the rules that only re-factorise B A accept it.
+Neutral: used by the parameter-sharing axis (:mod:`fedhf.sharing`) and the LoRA server rules
 (:mod:`fedhf.server.lora`), which do not import each other.
 """
 
@@ -159,5 +160,6 @@ def check_foldable(model: torch.nn.Module, targets: Dict[str, torch.Tensor]) -> 
         others = [n for n in owners[weight.untyped_storage().data_ptr()] if n != target_name]
         if others:
             raise ValueError(f"`server_rule` folds the LoRA product into a base weight that is two parameters, "
-                             f"{target_name} and {others[0]} (tied embeddings), so both would change: leave that layer (e.g. lm_head) "
-                             "out of target_modules, or untie the weights first (load with tie_word_embeddings=False).")
+                             f"{target_name} and {others[0]} (tied embeddings), so both would change: leave that "
+                             "layer (e.g. lm_head) out of target_modules, or untie the weights first (load with "
+                             "tie_word_embeddings=False).")

@@ -58,9 +58,9 @@ def eval_loss(model, sft, tokenizer, tmp_path) -> float:
 
 
 def train_and_save(tokenizer, sft, tmp_path, head=False, full=False, **kw):
-    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, num_rounds=1, local_steps=2,
+    args = config(tmp_path, num_clients=CLIENTS, clients_per_round=CLIENTS, local_steps=2,
                   per_device_train_batch_size=4, per_device_eval_batch_size=8, partition_report=False,
-                  **{"learning_rate": 0.05, "partition": "iid", **kw})
+                  **{"learning_rate": 0.05, "partition": "iid", "num_rounds": 1, **kw})
     trainer = FederatedTrainer(model=lora_llama(len(tokenizer), head, full), args=args, train_dataset=sft["train"],
                                eval_dataset=sft["test"], data_collator=SFTCollator(tokenizer))
     trainer.train()
@@ -119,3 +119,19 @@ def test_fedsa_global_b_is_the_weighted_mean_of_the_clients_b(tokenizer, sft, tm
         mean = sum(w * s[n].double() for w, s in zip(sizes, stored)) / sum(sizes)
         torch.testing.assert_close(live[n].detach().double(), mean, atol=1e-7, rtol=0)
         assert torch.count_nonzero(live[n]) > 0
+
+
+def test_best_round_is_saved_and_carded_with_its_personal_part(tokenizer, sft, tmp_path):
+    """load_best_model_at_end: the saved model (shared and personal parts) is the best round's, and the card's
+    eval rows are that round's. greater_is_better=True on the loss picks round 1 of 2 (the loss falls)."""
+    trainer, _ = train_and_save(tokenizer, sft, tmp_path, parameter_sharing="fedsa", num_rounds=2,
+                                eval_every_rounds=1, metric_for_best_model="eval_loss", greater_is_better=True,
+                                load_best_model_at_end=True)
+    losses = {e["round"]: e["eval_loss"] for e in trainer.federated_history if "eval_loss" in e}
+    assert losses[1] > losses[2] and trainer.state.best_global_step == 1
+    saved = str(tmp_path / "saved")
+    reloaded = eval_loss(reload(saved, len(tokenizer)), sft, tokenizer, tmp_path)
+    assert abs(reloaded - losses[1]) < 2e-6, (reloaded, losses)
+    card = open(os.path.join(saved, "README.md")).read()
+    assert f"| final eval_loss (saved model, round 1) | {losses[1]:.4f} |" in card
+    assert "parameter sharing | fedsa" in card and "weighted mean" in card
