@@ -37,14 +37,16 @@ class SavedModel:
 def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
     """The description of what ``save_model`` writes for ``model`` (``folded``: the server rule folds into the
     base, so the merged model is written, see :meth:`fedhf.run_outputs.RunOutputs.published_model`)."""
-    from peft import PeftModel
+    from peft import LoraConfig, PeftModel
 
     if not isinstance(model, PeftModel):
         return SavedModel("full", type(model).__name__, None, round_index)
     config = next(iter(model.peft_config.values()))
-    targets = config.target_modules
-    lora = {"r": config.r, "alpha": config.lora_alpha, "rslora": bool(config.use_rslora),
-            "targets": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
+    lora = None
+    if isinstance(config, LoraConfig):  # other peft methods (prompt tuning, ...) have no r / alpha
+        targets = config.target_modules
+        lora = {"r": config.r, "alpha": config.lora_alpha, "rslora": bool(config.use_rslora),
+                "targets": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
     return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index)
 
 
