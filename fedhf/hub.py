@@ -3,12 +3,15 @@
 
 Model cards follow huggingface_hub's ``ModelCard`` format: YAML metadata (``base_model`` by its Hub id, ``tags``,
 ``library_name``) then Markdown. peft's ``save_pretrained`` writes its own card with ``base_model`` set to the path
-the base was loaded from, often an absolute local path; ours replaces it and never names a local path.
+the base was loaded from, often an absolute local path; ours replaces it and never names a local path. The card
+says what the folder holds (a peft adapter, with ``library_name: peft`` as peft writes it; or full weights, merged
+when the server rule changed the base weights) and how to load it, and its eval rows are the saved round's.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import List, Optional
 
 import yaml
@@ -18,7 +21,60 @@ from .metrics.history import is_quality_metric
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
 
 
-def federated_card_section(args, algorithm, partition_summary: dict, history: List[dict]) -> str:
+@dataclass(frozen=True)
+class SavedModel:
+    """What a saved folder holds, for its card: ``kind`` is 'adapter' (a peft adapter for the base model),
+    'merged' (full weights: the base, changed by a rule that folds into it, with the adapter merged) or 'full'
+    (full weights of a model trained without peft); ``model_class`` the transformers class to load it with;
+    ``lora`` the adapter's settings (r, alpha, rsLoRA, target modules), if any; ``round`` the round it is from."""
+
+    kind: str
+    model_class: str
+    lora: Optional[dict] = None
+    round: Optional[int] = None
+
+
+def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
+    """The description of what ``save_model`` writes for ``model`` (``folded``: the server rule folds into the
+    base, so the merged model is written, see :meth:`fedhf.run_outputs.RunOutputs.published_model`)."""
+    from peft import LoraConfig, PeftModel
+
+    if not isinstance(model, PeftModel):
+        return SavedModel("full", type(model).__name__, None, round_index)
+    config = next(iter(model.peft_config.values()))
+    lora = None
+    if isinstance(config, LoraConfig):  # other peft methods (prompt tuning, ...) have no r / alpha
+        targets = config.target_modules
+        lora = {"r": config.r, "alpha": config.lora_alpha, "rslora": bool(config.use_rslora),
+                "targets": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
+    return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index)
+
+
+def _megabytes(value: float) -> str:
+    """Enough digits that a small LoRA run does not read 0.0 MB."""
+    return f"{value:,.1f}" if value >= 10 else f"{value:.4f}"
+
+
+def _saved_entry(history: List[dict], round_index: Optional[int]) -> Optional[dict]:
+    """The history entry of the saved round (the last one when none is named)."""
+    if round_index is None:
+        return history[-1] if history else None
+    return next((e for e in history if e.get("round") == round_index), None)
+
+
+def _sharing_row(args) -> str:
+    preset = args.parameter_sharing
+    personal = args.parameter_sharing_kwargs.get("personal") if args.parameter_sharing_kwargs else None
+    if preset in ("all", "ffa", "rolora") and not personal:
+        return f"| parameter sharing | {preset} (every trained tensor is global) |"
+    return (f"| parameter sharing | {preset}" + (f", kwargs {args.parameter_sharing_kwargs}"
+                                                   if args.parameter_sharing_kwargs else "")
+            + " (personal tensors: the saved ones are the clients' weighted mean; each client's own are in its "
+            "client state) |")
+
+
+def federated_card_section(args, algorithm, partition_summary: dict, history: List[dict],
+                           saved: Optional[SavedModel] = None) -> str:
     sizes = partition_summary.get("sizes", [])
     lines = [
         "",
@@ -35,7 +91,8 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         f"| local steps per round (K) | {args.local_steps} |",
         f"| local optimizer / state sync / correction / server rule | {algorithm.local_optimizer.cls.__name__} / "
         f"{algorithm.state_sync!r} / {algorithm.correction!r} / {algorithm.server_rule!r} |",
-        f"| local batch size | {args.per_device_train_batch_size} |",
+        f"| local batch size x gradient accumulation steps | {args.per_device_train_batch_size} x "
+        f"{args.gradient_accumulation_steps} |",
         f"| seed | {args.seed} |",
         f"| fedhf version | {_version()} |",
         f"| learning rate schedule over rounds | {args.round_lr_schedule}, peak {algorithm.local_optimizer.lr} |",
@@ -45,18 +102,43 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         + (f", power-law sizes (exponent {args.quantity_skew})" if args.quantity_skew else "")
         + (f", {args.client_eval_fraction:g} of each client's rows held out" if args.client_eval_fraction else "")
         + " |",
+        _sharing_row(args),
+        f"| base weights | " + ("changed every round: the server rule folds the clients' mean LoRA product into "
+                               "them (W += s R) |" if algorithm.server_rule.folds_into_base else "frozen |"),
     ]
+    if saved is not None and saved.lora is not None:
+        lora = saved.lora
+        lines.append(f"| LoRA | r={lora['r']}, alpha={lora['alpha']}, rsLoRA={lora['rslora']}, target modules "
+                     f"{lora['targets']} |")
+    if args.lora_client_ranks:
+        lines.append(f"| LoRA client ranks | {list(args.lora_client_ranks)} |")
     if sizes:
         lines.append(f"| rows per client (min / max) | {min(sizes)} / {max(sizes)} |")
     if "label_skew" in partition_summary:
         lines.append(f"| label skew (mean TV distance to the global mix) | {partition_summary['label_skew']:.3f} |")
+    entry = _saved_entry(history, saved.round if saved is not None else None)
     if history:
-        last = history[-1]
-        lines.append(f"| communicated (up + down) | {last.get('communicated_MB', 0.0):.1f} MB |")
-        evals = {k: v for k, v in last.items() if (is_quality_metric(k) or k == "eval_loss") and isinstance(v, float)}
+        lines.append(f"| communicated (up + down) | {_megabytes(history[-1].get('communicated_MB', 0.0))} MB |")
+    if entry is not None:
+        evals = {k: v for k, v in entry.items() if (is_quality_metric(k) or k == "eval_loss") and isinstance(v, float)}
         for key, value in sorted(evals.items()):
-            lines.append(f"| final {key} | {value:.4f} |")
-    return "\n".join(lines) + "\n"
+            lines.append(f"| final {key} (saved model, round {entry.get('round')}) | {value:.4f} |")
+    return "\n".join(lines) + "\n" + (_how_to_load(saved) if saved is not None else "")
+
+
+def _how_to_load(saved: SavedModel) -> str:
+    if saved.kind == "adapter":
+        what = ("This folder is a **peft LoRA adapter**; load it onto its base model:\n\n```python\n"
+                f"from peft import PeftModel\nfrom transformers import {saved.model_class}\n\n"
+                f"base = {saved.model_class}.from_pretrained(BASE_MODEL)\n"
+                "model = PeftModel.from_pretrained(base, PATH_OR_REPO_ID)\n```\n")
+    else:
+        kind = ("the **full model**: the base weights as the server rule changed them, with the final LoRA adapter "
+                "merged in (W + s B A, peft's `merge_and_unload`); it is not an adapter, and it needs no base model"
+                if saved.kind == "merged" else "the **full model weights**")
+        what = (f"This folder holds {kind}:\n\n```python\nfrom transformers import {saved.model_class}\n\n"
+                f"model = {saved.model_class}.from_pretrained(PATH_OR_REPO_ID)\n```\n")
+    return "\n### What the upload contains\n\n" + what
 
 
 def _version() -> str:
@@ -79,9 +161,12 @@ def hub_base_model(model) -> Optional[str]:
     return name
 
 
-def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str]) -> str:
-    """The whole card: metadata, a title, and the federated section."""
-    metadata = {"library_name": "transformers", "tags": list(FEDERATED_TAGS) + [algorithm.name]}
+def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str],
+               saved: Optional[SavedModel] = None) -> str:
+    """The whole card: metadata (``library_name: peft`` for an adapter, as peft writes it: it drives the Hub's
+    loading snippet), a title, and the federated section."""
+    library = "peft" if saved is not None and saved.kind == "adapter" else "transformers"
+    metadata = {"library_name": library, "tags": list(FEDERATED_TAGS) + [algorithm.name]}
     if base_model:
         metadata["base_model"] = base_model
     title = f"# {os.path.basename(os.path.normpath(args.output_dir))}"
@@ -89,14 +174,15 @@ def model_card(args, algorithm, partition_summary: dict, history: List[dict], ba
               else "a fine-tuned model (its base model was loaded from a local folder)")
     intro = f"This model is {origin}, trained federatedly over {args.num_clients} simulated clients with fedhf."
     return ("---\n" + yaml.safe_dump(metadata, sort_keys=True) + "---\n\n" + title + "\n\n" + intro + "\n"
-            + federated_card_section(args, algorithm, partition_summary, history))
+            + federated_card_section(args, algorithm, partition_summary, history, saved))
 
 
-def write_model_card(directory: str, args, algorithm, partition_summary: dict, history: List[dict], model) -> str:
+def write_model_card(directory: str, args, algorithm, partition_summary: dict, history: List[dict], model,
+                     saved: Optional[SavedModel] = None) -> str:
     """Write ``directory``/README.md (replacing peft's or Trainer's); returns its path."""
     path = os.path.join(directory, "README.md")
     with open(path, "w") as f:
-        f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model)))
+        f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model), saved))
     return path
 
 

@@ -14,7 +14,7 @@ Logged beside the global ``eval_*`` keys, for the loss and every metric of ``com
 
 Every client is evaluated, sampled this round or not (a client that never trained has the initial personal
 tensors). It changes nothing of training: the resident model gets the global model back after every client (the
-initial personal tensors, as after a round) and the random number generators' states are restored, so the trained
+clients' mean personal tensors, as after a round) and the random number generators' states are restored, so the trained
 model is bit-identical with and without it (tests/test_personal_eval.py). A mixin of
 :class:`fedhf.trainer.FederatedTrainer`.
 """
@@ -101,7 +101,7 @@ class PersonalEvaluation:
                 try:
                     per_client[client] = self._evaluate_rows(rows)
                 finally:  # the global model again
-                    load_into(self.plan.personal, run.personal_init)
+                    self.plan.load_global_personal_again()
                     load_into(self.plan.params, run.global_params)
         self.personal_eval_per_client = per_client
         return summarise(list(per_client.values()), skipped)

@@ -27,9 +27,17 @@ drift metrics and byte counts never see the others. Presets (``parameter_sharing
 =================  ==========================================================================================
 
 ``parameter_sharing_kwargs`` = ``{"personal": [regex, ...], "frozen": [...], "shared": [...]}`` sets the role of
-every trainable tensor whose name matches (``re.search``), after the preset. After each round the resident model
-holds the global shared tensors and the *initial* personal ones (the same on every process), so ``evaluate()`` and
-``save_model()`` see the global model.
+every trainable tensor whose name matches (``re.search``), after the preset.
+
+The global model. After each round the resident model holds the global shared tensors and, as its personal part,
+the weighted mean (by ``client_weighting``) of the latest personal tensors of every client that has trained
+(:meth:`SharingPlan.load_global_personal`; the initial ones before any client has). That is what ``evaluate()``
+evaluates and what ``save_model()``, ``push_to_hub()`` and the round checkpoints' model/ write: under FedSA-LoRA
+W + s mean_i(p_i B_i) A, under ``personal_head`` the averaged head, under ``personal_norm`` the averaged
+normalisation weights and statistics (the FedAvg of the personal part, done once for export; training never sees
+it). Keeping the initial ones instead would make the global model of FedSA-LoRA exactly the base model (B = 0)
+and that of ``personal_head`` an untrained head. Each client's own model is the global shared part plus its
+personal tensors (``personalized_eval``; ``trainer.client_store.get(client_id, "personal")``).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
+from .aggregation import RoundSums
 from .alternating import ROLORA, AlternatingFactors, check_alternating
 from .lora import HEAD, LORA_A, LORA_B, NORM, lora_layers, role_of, seeded_lora_a
 from .params import TensorDict, federated_buffers, load_into, snapshot, trainable_parameters
@@ -131,6 +140,7 @@ class SharingPlan:
         self.personal = {**{n: live[n] for n, r in roles.items() if r == PERSONAL}, **personal_buffers}
         self._personal_params = {n: t for n, t in self.personal.items() if isinstance(t, torch.nn.Parameter)}
         self.frozen = frozen
+        self.global_personal = snapshot(self.personal)  # the global model's personal part (initial until a round)
         # RoLoRA alternates the trained factor; a server rule that sets A itself (FedSVD) freezes A on clients.
         self.alternating = (AlternatingFactors(self.params) if sharing.preset == ROLORA else
                             AlternatingFactors(self.params, alternate=False) if freeze_lora_a else None)
@@ -151,6 +161,31 @@ class SharingPlan:
     def keep_personal(self, store: ClientStateStore, client_id: int) -> None:
         if self.personal:
             store.put(client_id, STORE_NAME, snapshot(self.personal))
+
+    def load_global_personal(self, store: ClientStateStore, weights: Mapping[int, float], initial: TensorDict,
+                             counts: bool = True) -> None:
+        """The global model's personal part into the resident model: sum_i w_i P_i / sum_i w_i over the clients i
+        with stored personal tensors P_i (``weights``: client id -> w_i), or ``initial`` while no client has any.
+        ``counts``: whether this process's store counts (False on the processes that mirror another's clients,
+        ``client_parallel``). Summed over processes (each holds its own clients' tensors), in float64; every
+        process must call it. Reads every client's personal tensors: N times their size per call."""
+        if not self.personal:
+            return
+        sums = RoundSums()
+        for client_id, weight in weights.items():
+            mine = store.get(client_id, STORE_NAME) if counts else None
+            if mine is not None:
+                sums.add_tensors("p", mine, scale=weight)
+                sums.add("w", weight)
+        sums.all_reduce()
+        total = sums.scalar("w")
+        self.global_personal = ({n: (sums.get(f"p.{n}") / total).to(t.dtype) for n, t in initial.items()}
+                                if total > 0 else dict(initial))
+        load_into(self.personal, self.global_personal)
+
+    def load_global_personal_again(self) -> None:
+        """After a client's own personal tensors were loaded (personalised evaluation): the global ones back."""
+        load_into(self.personal, self.global_personal)
 
     # RoLoRA's round (fedhf/alternating.py); without it, nothing changes from round to round.
     def begin_round(self, round_index: int) -> None:
@@ -192,7 +227,8 @@ def sharing_roles(sharing: ParameterSharing, model: torch.nn.Module, algorithm) 
         check_alternating([n for n, r in roles.items() if r == SHARED], algorithm.server_rule)
     lora = [n for n in roles if role_of(n) in (LORA_A, LORA_B)]
     if algorithm.server_rule.aggregator.needs_lora_pairs:
-        lora_layers(model)  # refuses DoRA, fan_in_fan_out and LoRA on embeddings
+        # refuses DoRA, conv LoRA and LoRA on embeddings; fan_in_fan_out only for rules that write into W
+        lora_layers(model, allow_fan_in_fan_out=not algorithm.server_rule.folds_into_base)
         if not lora:
             raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` aggregates LoRA products, but the model "
                              "has no trainable LoRA A/B: apply a peft LoRA adapter, or choose another server_rule.")

@@ -193,7 +193,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                 self.log(dict(entry))
             if should_evaluate(args, run.rounds_done, self.eval_dataset is not None):
                 entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
-                best.after_evaluate(self.state, entry, params, buffers)
+                best.after_evaluate(self.state, entry, params, {**buffers, **self.plan.personal})  # as evaluated
             entry.update(self._personal_metrics(run, run.rounds_done))  # personalized_eval: fedhf/personal_eval.py
             self._record(entry)
             if args.save_every_rounds and run.rounds_done % args.save_every_rounds == 0:
@@ -201,7 +201,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                 rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_global_step)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
 
-        if best.load_at_end(self.state, params, buffers) is not None:
+        self.loaded_best_round = best.load_at_end(self.state, params, {**buffers, **self.plan.personal})
+        if self.loaded_best_round is not None:  # the saved model and its card are that round's
             logger.info("loaded the best round's model (round %d, %s=%s)", self.state.best_global_step,
                         best.metric, self.state.best_metric)
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
@@ -274,7 +275,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
-        load_into(self.plan.personal, run.personal_init)  # the global model: shared parts + initial personal ones
+        # the global model: shared parts + the clients' weighted mean personal part (fedhf/sharing.py)
+        weights = {c: self._client_weight(c) for c in range(args.num_clients)}
+        self.plan.load_global_personal(self.client_store, weights, run.personal_init, self.world.sends_messages)
         self.plan.end_round()
         self.base_fold.load(run.base_params)
         theta_sums = sums.within("sync")

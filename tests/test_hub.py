@@ -128,3 +128,28 @@ def test_card_names_the_split_key_quantity_skew_and_held_out_rows(tmp_path):
     card = federated_card_section(args, args.build_algorithm(), summary, [])
     assert ("| partition | dirichlet (alpha=0.5, key length of `text` in characters (4 quantile buckets)), power-law "
             "sizes (exponent 1.0), 0.1 of each client's rows held out |") in card
+
+
+def test_card_states_sharing_folding_lora_ranks_accumulation_and_small_mb(tmp_path):
+    from fedhf.hub import SavedModel, model_card
+
+    args = config(tmp_path, server_rule="flora", parameter_sharing="personal_head", lora_client_ranks=[2, 4, 4, 4],
+                  gradient_accumulation_steps=3)
+    lora = {"r": 4, "alpha": 8, "rslora": True, "targets": ["q_proj", "v_proj"]}
+    history = [{"round": 1, "communicated_MB": 0.0123, "eval_loss": 2.5}, {"round": 2, "communicated_MB": 0.0246,
+                                                                           "eval_loss": 2.0}]
+    merged = model_card(args, args.build_algorithm(), {}, history, None, SavedModel("merged", "LlamaForCausalLM",
+                                                                                      lora, 1))
+    for row in ("library_name: transformers", "| parameter sharing | personal_head", "weighted mean",
+                "| base weights | changed every round", "| LoRA | r=4, alpha=8, rsLoRA=True, target modules "
+                "['q_proj', 'v_proj'] |", "| LoRA client ranks | [2, 4, 4, 4] |",
+                "| local batch size x gradient accumulation steps | 16 x 3 |",
+                "| communicated (up + down) | 0.0246 MB |", "| final eval_loss (saved model, round 1) | 2.5000 |",
+                "LlamaForCausalLM.from_pretrained(PATH_OR_REPO_ID)", "merge_and_unload"):
+        assert row in merged, row
+    assert "round 2" not in merged
+    adapter = model_card(config(tmp_path), config(tmp_path).build_algorithm(), {}, history, None,
+                         SavedModel("adapter", "LlamaForCausalLM", lora, None))
+    for row in ("library_name: peft", "| base weights | frozen |", "PeftModel.from_pretrained(base, PATH_OR_REPO_ID)",
+                "| final eval_loss (saved model, round 2) | 2.0000 |", "every trained tensor is global"):
+        assert row in adapter, row

@@ -174,3 +174,44 @@ def test_a_base_repacked_for_cpu_inference_is_refused_before_any_work(base, pair
         trainer(model, pairs, tokenizer, run_config(tmp_path / "repacked"))
     run = tmp_path / "repacked" / "run"
     assert not run.exists() or not any(run.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("bits", [4, 8], ids=["nf4", "int8"])
+@pytest.mark.parametrize("rule", ["fedex_lora", "flora"])
+def test_folding_rules_on_a_quantised_base_are_refused_before_any_work(base, pairs, tokenizer, tmp_path, rule, bits):
+    """FedEx-LoRA and FLoRA write W += s R into the base weights, which a bitsandbytes base stores packed."""
+    with pytest.raises(ValueError, match=r"quantised \(torch\.u?int8\).*without quantization_config.*flexlora"):
+        trainer(qlora(base, bits), pairs, tokenizer, run_config(tmp_path, server_rule=rule))
+    run = tmp_path / "run"
+    assert not run.exists() or not any(run.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("rule", ["flexlora", "fedsvd"])
+def test_refactorising_rules_run_on_a_quantised_base(base, pairs, tokenizer, tmp_path, rule):
+    """FlexLoRA and FedSVD re-factorise the adapter and never touch the base: allowed on a 4-bit base. FedSVD is
+    exact at any rank (the clients share A), so the global s B A is the clients' mean, computed here from their
+    adapters; the quantised base is unchanged."""
+    model = qlora(base, 4)
+    frozen = quantised_weights(model)
+    seen = []
+
+    class Recording(FederatedTrainer):
+        def _local_steps(self, ctx, optimizer):
+            loss = super()._local_steps(ctx, optimizer)
+            seen.append(deltas(self.model))
+            return loss
+
+    def deltas(m):  # peft's own s B A per adapted layer
+        return {n: layer.get_delta_weight("default").detach().double() for n, layer in m.named_modules()
+                if hasattr(layer, "get_delta_weight") and "default" in getattr(layer, "lora_A", {})}
+
+    args = run_config(tmp_path, server_rule=rule, num_rounds=1, eval_on_start=False, learning_rate=1e-2,
+                      local_optimizer="adamw")
+    Recording(model=model, args=args, train_dataset=pairs["train"],
+              data_collator=causal_lm_collator(tokenizer.pad_token_id)).train()
+    assert all(torch.equal(frozen[n], p) for n, p in quantised_weights(model).items())
+    if rule == "fedsvd":
+        glob = deltas(model)
+        mean = {n: sum(s[n] for s in seen) / len(seen) for n in glob}
+        assert max((glob[n] - mean[n]).abs().max().item() for n in glob) < 1e-6
+        assert all(torch.count_nonzero(glob[n]) for n in glob)

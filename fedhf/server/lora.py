@@ -37,9 +37,12 @@ is not counted in the uplink. The server broadcasts the dense residual with the 
 counts it dense in the downlink, which overstates it where its factors are smaller: the residual has rank <= (n + 1) r
 (FLoRA's merged product <= n r), so when (n + 1) r (in + out) < in out -- 4x on MiniLM with 5 clients at r 8 -- a
 deployment would send factors. The base weights a run has changed are kept in the run's state
-(``RunState.base_params``) and checkpointed, so resume is exact. The aggregator itself only sees named tensors;
-which base weight and scale belong to which A (:func:`fedhf.lora.lora_layers`) is the trainer's
-(:class:`fedhf.lora.BaseFold`).
+(``RunState.base_params``) and checkpointed, so resume is exact; a peft adapter alone does not carry them, so the
+saved and pushed model of a folding rule is the full model with the adapter merged
+(:meth:`fedhf.run_outputs.RunOutputs.published_model`). Folding needs base weights that are plain floating-point
+tensors of their own: a quantised base or a tied weight is refused before any work
+(:func:`fedhf.lora.check_foldable`). The aggregator itself only sees named tensors; which base weight and scale
+belong to which A (:func:`fedhf.lora.lora_layers`) is the trainer's (:class:`fedhf.lora.BaseFold`).
 """
 
 from __future__ import annotations
