@@ -45,3 +45,4 @@ class ServerContext:
     global_params: TensorDict  # x^r, before the update
     mean_delta: TensorDict  # D = sum w_i Delta_i / sum w_i
     gathered: List[TensorDict] = field(default_factory=list)  # each Delta_i in client order, if the aggregator gathers
+    seed: int = 0  # the run's seed (FLoRA draws each round's A from it)
