@@ -20,6 +20,9 @@ correction hooks, no optimizer step -- so the optimizer's state and its own coun
 SOAP's preconditioner schedule) are left as they were, as ``GradScaler.step`` leaves a torch optimizer. The
 gradient is then cleared. Overflows happen in the first steps of a run, while S falls to a usable value; the
 scaler's state is one per run (it is accelerate's) and is kept in round checkpoints.
+
+accelerate makes no scaler on the CPU, and fedhf refuses ``fp16=True`` there when the config is built
+(fedhf/checks.py names bf16 as the fix), so on the CPU every step just runs.
 """
 
 from __future__ import annotations
