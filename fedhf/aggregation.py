@@ -103,7 +103,9 @@ class RoundSums:
         device = torch.device("cpu") if device is None else device
         if gather:  # robust aggregation: every process needs every update (between our own processes)
             parts = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, self.gathered)
+            # sent from the CPU (a pickled GPU tensor is unpickled onto its sender's GPU), kept on ``device``
+            mine = [(cid, {k: v.cpu() for k, v in update.items()}) for cid, update in self.gathered]
+            dist.all_gather_object(parts, mine)
             self.gathered = [(cid, {k: v.to(device) for k, v in update.items()})
                              for part in parts for cid, update in part]
         shapes = [None] * dist.get_world_size()

@@ -81,7 +81,8 @@ class RunOutputs:
         if self.world.size == 1:
             return local
         parts = [None] * self.world.size
-        dist.all_gather_object(parts, local)  # between this run's own processes only
+        # On the CPU: a pickled GPU tensor would be unpickled onto its sender's GPU.
+        dist.all_gather_object(parts, {k: v.cpu() for k, v in local.items()})  # between this run's own processes only
         return {k: v for part in parts for k, v in part.items()}
 
     def _restore(self, path: str, best: BestRound) -> RunState:
