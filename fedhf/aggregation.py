@@ -12,7 +12,7 @@ A read of a key nobody sent is an error (:class:`MissingSum`), never a silent ze
 from __future__ import annotations
 
 import atexit
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -87,36 +87,42 @@ class RoundSums:
     def gathered_in_client_order(self) -> List[TensorDict]:
         return [tensors for _, tensors in sorted(self.gathered, key=lambda item: item[0])]
 
-    def all_reduce(self, gather: bool = False) -> None:
+    def all_reduce(self, gather: bool = False, device: Optional[torch.device] = None) -> None:
         """Sum over processes: one all-reduce of every sum packed into a single buffer.
 
         A process may have trained no client (or only excluded ones) this round, so the key sets can differ:
         they are agreed first (a small gather of names and shapes), missing keys count as zeros.
         ``gather=True`` (the same on every process) also shares the individually gathered updates.
+        ``device``: the model's (default: the CPU). The buffer is packed there, since NCCL reduces GPU tensors
+        only, and every sum and gathered update is left there, as the server rules combine them with the model's.
         No-op when torch.distributed is not initialised.
         """
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
+        device = torch.device("cpu") if device is None else device
         if gather:  # robust aggregation: every process needs every update (between our own processes)
             parts = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, self.gathered)
-            self.gathered = [item for part in parts for item in part]
+            # sent from the CPU (a pickled GPU tensor is unpickled onto its sender's GPU), kept on ``device``
+            mine = [(cid, {k: v.cpu() for k, v in update.items()}) for cid, update in self.gathered]
+            dist.all_gather_object(parts, mine)
+            self.gathered = [(cid, {k: v.to(device) for k, v in update.items()})
+                             for part in parts for cid, update in part]
         shapes = [None] * dist.get_world_size()
         dist.all_gather_object(shapes, {k: tuple(v.shape) for k, v in self._sums.items()})
         for rank_shapes in shapes:
             for key, shape in rank_shapes.items():
                 if key not in self._sums:
-                    self._sums[key] = torch.zeros(shape, dtype=torch.float64)
+                    self._sums[key] = torch.zeros(shape, dtype=torch.float64, device=device)
         keys = sorted(self._sums)
         if not keys:  # nothing anywhere (e.g. drift of an optimizer without Theta)
             return
-        flat = torch.cat([self._sums[k].reshape(-1) for k in keys])
+        flat = torch.cat([self._sums[k].to(device).reshape(-1) for k in keys])
         dist.all_reduce(flat)
         offset = 0
         for key in keys:
             n = self._sums[key].numel()
-            self._sums[key] = flat[offset:offset + n].view_as(self._sums[key])
+            self._sums[key] = flat[offset:offset + n].view(self._sums[key].shape)
             offset += n
 
 

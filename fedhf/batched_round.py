@@ -88,6 +88,7 @@ class BatchedRound:
                 losses += self._shared_backward(micro, routing)
                 for ctx, optimizer in zip(contexts, optimizers):
                     self._optimizer_step(ctx, optimizer)  # ends with the client's zero_grad: the only grads there are
+                self.loss_scale.update()  # fp16: one scale update for the shared backward
             for ctx, optimizer, loss in zip(contexts, optimizers, losses):
                 optimizer.end_round()
                 self._finish_client(ctx, optimizer, loss, {}, sums)

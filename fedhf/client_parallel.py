@@ -61,37 +61,39 @@ def shard(batch: Dict[str, torch.Tensor], rank: int, size: int) -> Dict[str, tor
 class ClientParallel:
     """The trainer's half (a mixin of FederatedTrainer)."""
 
-    def _accumulate_shards(self, micro_batches: List[dict]) -> torch.Tensor:
+    def _accumulate_shards(self, micro_batches: List[dict]) -> float:
         """This process's shards of the step's micro-batches, weighted by their share of the union's items, then
         the gradients and loss summed over processes. Returns the union's loss (the same on every process)."""
         world = self.world
         total = sum(loss_items(batch, self._loss_shifts_labels) for batch in micro_batches)
-        loss = torch.zeros((), dtype=torch.float64)
+        loss = 0.0
         for batch in micro_batches:
             part = shard(batch, world.rank, world.size)
             n = loss_items(part, self._loss_shifts_labels)
             if n == 0:  # an empty shard, or nothing to learn from: its mean would be NaN
                 continue
             self.current_gradient_accumulation_steps = total / n
-            loss += self.training_step(self.model, part).double()
+            loss += float(self.training_step(self.model, part))
         self.current_gradient_accumulation_steps = 1
         return all_reduce_gradients(self.plan.trained(), loss)
 
 
-def all_reduce_gradients(params: Dict[str, torch.nn.Parameter], loss: torch.Tensor) -> torch.Tensor:
+def all_reduce_gradients(params: Dict[str, torch.nn.Parameter], loss: float) -> float:
     """Sum ``.grad`` over processes in one flat buffer (a tensor without a gradient on every process keeps None,
-    as on one process: an optimizer skips it); returns the summed loss."""
+    as on one process: an optimizer skips it); returns the summed loss. The buffer lives on the parameters' device
+    (NCCL reduces GPU tensors only)."""
     dist = torch.distributed
     names = sorted(params)
-    present = torch.tensor([params[n].grad is not None for n in names], dtype=torch.float64)
-    flat = torch.cat([present, loss.reshape(1)] + [
+    device = params[names[0]].device
+    head = torch.tensor([params[n].grad is not None for n in names] + [loss], dtype=torch.float64, device=device)
+    flat = torch.cat([head] + [
         (params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])).double().reshape(-1)
         for n in names])
     dist.all_reduce(flat)
-    offset = len(names) + 1
+    offset, present = len(names) + 1, flat[:len(names)].tolist()  # one device-to-host copy
     for i, name in enumerate(names):
         p = params[name]
-        if flat[i] > 0:
+        if present[i] > 0:
             p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype).clone()
         offset += p.numel()
-    return flat[len(names)]
+    return float(flat[len(names)])

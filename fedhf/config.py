@@ -77,8 +77,9 @@ class FederatedConfig(TrainingArguments):
                           "(the model no longer changes; usually learning_rate too large); 0 = never stop."})
     client_state_budget_mb: Optional[float] = field(
         default=None,
-        metadata={"help": "RAM for per-client state (SCAFFOLD c_i, ...); beyond it, least recently used clients "
-                          "go to `client_state_dir` as safetensors. Default: unlimited."})
+        metadata={"help": "Memory for per-client state (SCAFFOLD c_i, ...), on the model's device (GPU memory when "
+                          "training on a GPU); beyond it, least recently used clients go to `client_state_dir` as "
+                          "safetensors. Default: unlimited."})
     client_state_dir: Optional[str] = field(
         default=None, metadata={"help": "Where per-client state spills to; default: output_dir/client_state."})
     batched_clients: int = field(

@@ -81,6 +81,7 @@ class ServerContext:
     frozen: frozenset = frozenset()  # tensors no client trained this round (TrainedPart.frozen)
     # Per entry of a tensor trained in part (lora_client_ranks), how many of the N clients train it (>= 1).
     trainers: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    seed: int = 0  # the run's seed (FLoRA draws each round's A from it)
 
     def population(self, name: str) -> Union[int, torch.Tensor]:
         """N for the entries of ``name``: the clients that train them. A server average over all clients'

@@ -13,6 +13,7 @@ import torch
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.utils import logging
 
+from .best_model import BestRound
 from .hub import push_round_checkpoint, saved_model, write_model_card
 from .metrics import write_json_atomic
 from .state import load_checkpoint, save_checkpoint
@@ -80,15 +81,22 @@ class RunOutputs:
             write_json_atomic(self.federated_history, os.path.join(self.args.output_dir, HISTORY_FILE))
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, run: RunState) -> None:
+    def _save_checkpoint(self, run: RunState, best: BestRound) -> None:
         """output_dir/checkpoint-round-N: the run's state (safetensors + JSON, checksummed, written atomically)
-        and the global model as ``save_model`` writes it, under model/."""
+        with the best round and the fp16 loss scale, and the global model as ``save_model`` writes it, under model/."""
+        directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
+        best_directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{self.state.best_global_step}")
+        if self.state.best_global_step == run.rounds_done or os.path.isdir(best_directory):  # as Trainer sets it
+            self.state.best_model_checkpoint = best_directory
         clients = self._gather_client_store()
         if not self.is_world_process_zero():
             return
-        meta = {**run.meta(), "history": self.federated_history, "fingerprint": fingerprint(self.args, self.algorithm)}
-        directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
-        save_checkpoint(directory, {**run.tensor_groups(), "client_store": clients}, meta,
+        best_meta, best_groups = best.to_checkpoint(self.state)
+        meta = {**run.meta(), "history": self.federated_history, "fingerprint": fingerprint(self.args, self.algorithm),
+                **best_meta}
+        if self.accelerator.scaler is not None:  # fp16: the scale a resumed run continues with
+            meta["grad_scaler"] = self.accelerator.scaler.state_dict()
+        save_checkpoint(directory, {**run.tensor_groups(), **best_groups, "client_store": clients}, meta,
                         write_extra=self._write_model)
         if self.args.push_to_hub:  # hub_strategy, in rounds
             push_round_checkpoint(self.args, self.hub_model_id, os.path.join(directory, "model"), run.rounds_done)
@@ -109,14 +117,20 @@ class RunOutputs:
         if self.world.size == 1:
             return local
         parts = [None] * self.world.size
-        dist.all_gather_object(parts, local)  # between this run's own processes only
+        # On the CPU: a pickled GPU tensor would be unpickled onto its sender's GPU.
+        dist.all_gather_object(parts, {k: v.cpu() for k, v in local.items()})  # between this run's own processes only
         return {k: v for part in parts for k, v in part.items()}
 
-    def _restore(self, path: str) -> RunState:
-        groups, meta = load_checkpoint(path)
+    def _restore(self, path: str, best: BestRound) -> RunState:
+        """The run's state from a round checkpoint, on the model's device, with the best round (into ``best`` and
+        ``self.state``) and the fp16 loss scale."""
+        groups, meta = load_checkpoint(path, self.model_device)
         check_fingerprint(path, meta, fingerprint(self.args, self.algorithm))
         run = RunState.from_checkpoint(groups, meta)
         self.client_store.load_tensors(groups.get("client_store", {}), keep=self.world.owns)
         self.federated_history = list(meta["history"])
+        best.from_checkpoint(self.state, meta, groups)
+        if self.accelerator.scaler is not None and "grad_scaler" in meta:
+            self.accelerator.scaler.load_state_dict(meta["grad_scaler"])
         logger.info("resumed from %s after round %d", path, run.rounds_done)
         return run

@@ -18,6 +18,7 @@ A round, top to bottom (ALGORITHMS.md section 4)::
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import replace
@@ -44,6 +45,7 @@ from .data.checks import check_datasets, check_not_streaming
 from .batched_round import BatchedRound, check_batched_clients
 from .personal_eval import PersonalEvaluation, check_personal_eval
 from .lora_ranks import ClientRanks, check_client_ranks
+from .loss_scaling import LossScale
 from .best_model import BestRound
 from .determinism import fix_thread_count
 from .guards import ExclusionGuard
@@ -62,7 +64,7 @@ from .run_outputs import HISTORY_FILE, RunOutputs
 from .sharing import SharingPlan, sharing_roles
 from .lora import BaseFold
 from .state.run import RunState, refuse_to_overwrite, resolve_checkpoint
-from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log
+from .trainer_settings import expose_rounds_to_callbacks, should_evaluate, should_log, should_save
 
 logger = logging.get_logger(__name__)
 
@@ -128,8 +130,14 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         spill_dir = args.client_state_dir or os.path.join(args.output_dir, "client_state")
         if self.world.size > 1:  # each process spills the clients it owns
             spill_dir = os.path.join(spill_dir, f"process-{self.world.rank}")
-        self.client_store = ClientStateStore(budget, spill_dir)
+        self.client_store = ClientStateStore(budget, spill_dir, self.model_device)
         self.federated_history: List[dict] = []
+
+    @property
+    def model_device(self) -> torch.device:
+        """Where the trainable parameters live (the model's device): the round's sums, restored checkpoints and
+        spilled client state are put there, as the tensors they are combined with are."""
+        return next(iter(trainable_parameters(self.model).values())).device
 
     # Trainer relies on accelerate's model wrapping for autocast; the resident model is never wrapped here
     # (wrapping in DDP would all-reduce every local backward), so autocast is entered explicitly.
@@ -146,6 +154,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         if checkpoint is None:
             refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)
         self._train_data, self._collator = self._client_data_pipeline()
+        self.loss_scale = LossScale(self.accelerator.scaler)  # fp16: accelerate's GradScaler, driven per local step
         enable_activation_checkpointing(self.model, args)
         # NEFTune (Jain et al. 2023, arXiv:2310.05914): Trainer attaches its embedding-noise hook in its own loop.
         neftune = activate_neftune(self.model, args.neftune_noise_alpha) if args.neftune_noise_alpha else None
@@ -154,13 +163,15 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                                 self.algorithm.server_rule.aggregator.freezes_lora_a)  # FedSVD: A is the server's
         params, buffers = self.plan.params, self.plan.buffers  # only the shared part is federated
         self.client_ranks = ClientRanks(args.lora_client_ranks, params) if args.lora_client_ranks else None
+        self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds)
+        best = BestRound(args)
         if checkpoint is None:
             run = RunState(snapshot(params), snapshot(buffers), self.algorithm.server_rule.init(snapshot(params)),
                            self.algorithm.correction.server_init(snapshot(params)), sync_state={},
                            personal_init=snapshot(self.plan.personal), base_params=self.base_fold.initial())
             self.federated_history = []
         else:
-            run = self._restore(checkpoint)
+            run = self._restore(checkpoint, best)  # with the best round, into ``best`` and self.state
         self.memory_plan = plan_memory(self, run)  # fedhf/memory_plan.py: printed once, refused over the budget
         if self.is_world_process_zero():
             print(self.memory_plan)
@@ -171,12 +182,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         load_into(buffers, run.global_buffers)
         self.base_fold.load(run.base_params)
         self.current_gradient_accumulation_steps = 1
-        self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds,
-                                  global_step=run.rounds_done)
+        self.state.global_step = run.rounds_done
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
-        expose_rounds_to_callbacks(args, self.eval_dataset is not None)
-        best = BestRound(args)
+        expose_rounds_to_callbacks(args, self.state, self.eval_dataset is not None)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start and self.eval_dataset is not None and checkpoint is None:
             self._record({"round": 0, "communicated_MB": 0.0, **self.evaluate(ignore_keys=ignore_keys_for_eval),
@@ -184,6 +193,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
 
         guard = ExclusionGuard(args.max_excluded_rounds)
         while run.rounds_done < args.num_rounds and not self.control.should_training_stop:
+            # A round is one step and one epoch of the TrainerState (callbacks see both).
+            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
             entry = self._run_round(run, params, buffers)
             guard.after_round(entry, self.algorithm.local_optimizer.lr, args.max_update_norm)
@@ -191,15 +202,13 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             self.state.epoch = float(run.rounds_done)
             if should_log(args, run.rounds_done):
                 self.log(dict(entry))
-            if should_evaluate(args, run.rounds_done, self.eval_dataset is not None):
-                entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
-                best.after_evaluate(self.state, entry, params, {**buffers, **self.plan.personal})  # as evaluated
-            entry.update(self._personal_metrics(run, run.rounds_done))  # personalized_eval: fedhf/personal_eval.py
-            self._record(entry)
-            if args.save_every_rounds and run.rounds_done % args.save_every_rounds == 0:
-                self._save_checkpoint(run)
-                rotate_checkpoints(args.output_dir, args.save_total_limit, self.state.best_global_step)
+            # The round schedule raises Trainer's control flags; a callback may raise (or clear) them too, and they
+            # are acted on after the step and epoch ends, as in Trainer's _maybe_log_save_evaluate.
+            self.control.should_evaluate |= should_evaluate(args, run.rounds_done, self.eval_dataset is not None)
+            self.control.should_save |= should_save(args, run.rounds_done)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            self._evaluate_and_save(run, entry, best, ignore_keys_for_eval)
 
         self.loaded_best_round = best.load_at_end(self.state, params, {**buffers, **self.plan.personal})
         if self.loaded_best_round is not None:  # the saved model and its card are that round's
@@ -215,6 +224,19 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                    "train_runtime": time.time() - start, "rounds": run.rounds_done,
                    "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20}
         return TrainOutput(run.rounds_done, metrics["train_loss"], metrics)
+
+    def _evaluate_and_save(self, run: RunState, entry: dict, best: BestRound, ignore_keys) -> None:
+        """The round's evaluation, history entry and checkpoint, as the control flags ask (their events clear them)."""
+        if self.control.should_evaluate:
+            entry.update(self.evaluate(ignore_keys=ignore_keys))
+            best.after_evaluate(self.state, entry, self.plan.params,  # as evaluated: personal parts too
+                                {**self.plan.buffers, **self.plan.personal})
+        entry.update(self._personal_metrics(run, run.rounds_done))  # personalized_eval: fedhf/personal_eval.py
+        self._record(entry)
+        if self.control.should_save:
+            self._save_checkpoint(run, best)
+            rotate_checkpoints(self.args.output_dir, self.args.save_total_limit, self.state.best_global_step)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
     def _run_round(self, run: RunState, params, buffers) -> dict:
         """One round: this process's clients, one all-reduce, the server update. Returns the round's log."""
@@ -248,7 +270,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                 self._train_client(contexts[0], buffers, counted)
             counted.add("downlink_bytes", downlink_each * len(chunk))
 
-        sums.all_reduce(gather=algo.server_rule.gathers)  # the round's only communication
+        sums.all_reduce(gather=algo.server_rule.gathers, device=self.model_device)  # the round's only communication
         total_weight = sums.scalar("w")
         if total_weight > 0:
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
@@ -256,7 +278,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                                        num_clients=args.num_clients, sums=sums, global_params=run.global_params,
                                        mean_delta=mean_delta, gathered=sums.gathered_in_client_order(),
                                        frozen=self.plan.frozen_now(),
-                                       trainers=self.client_ranks.trainers() if self.client_ranks else {})
+                                       trainers=self.client_ranks.trainers() if self.client_ranks else {},
+                                       seed=args.seed)
             # each server half reads the sums of its own component's messages
             run.correction_state = algo.correction.server_update(run.correction_state,
                                                                  replace(server_ctx, sums=sums.within("correction")))
@@ -281,7 +304,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         self.plan.end_round()
         self.base_fold.load(run.base_params)
         theta_sums = sums.within("sync")
-        spectral = spectral_drift(self._round_thetas, theta_sums, total_weight) if args.drift_spectral else None
+        spectral = (spectral_drift(self._round_thetas, theta_sums, total_weight, self.model_device)
+                    if args.drift_spectral else None)
         self._round_thetas = []
 
         run.rounds_done = r + 1
@@ -317,7 +341,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         optimizer.attach(access or self._model_access(ctx))
         return optimizer
 
-    def _finish_client(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: torch.Tensor,
+    def _finish_client(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: float,
                        buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:
         """The client's messages (or its exclusion) into the round's sums."""
         algo = self.algorithm
@@ -342,43 +366,49 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             self._round_thetas.append((ctx.weight, theta))
         messages["server"] = algo.server_rule.client_end(ctx, optimizer)
         own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
-        own.tensors["loss"] = (loss_sum / self.args.local_steps).to(torch.float64) * ctx.weight
+        own.put_scalar("loss", float(loss_sum) / self.args.local_steps * ctx.weight)
         sums.add_message(own)
         for namespace, message in messages.items():
             sums.add_message(message, namespace)
         sums.add("uplink_bytes", own.nbytes + sum(m.nbytes for m in messages.values()))
 
-    def _local_steps(self, ctx: ClientContext, optimizer: OptimizerHooks) -> torch.Tensor:
-        """The local loop; returns the summed loss. A local step is one optimizer step over
-        ``gradient_accumulation_steps`` micro-batches (see :meth:`_accumulate`); curvature refreshes (on the first
-        micro-batch), clipping and corrections act once per step."""
+    def _local_steps(self, ctx: ClientContext, optimizer: OptimizerHooks) -> float:
+        """The local loop; returns the summed loss (a Python float, whatever device the model is on). A local step
+        is one optimizer step over ``gradient_accumulation_steps`` micro-batches (see :meth:`_accumulate`);
+        curvature refreshes (on the first micro-batch), clipping and corrections act once per step."""
         args = self.args
         self.optimizer = optimizer
         batches = self._client_batches(ctx.client_id, ctx.round)
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = 0.0
         for step in range(args.local_steps):
             micro_batches = [next(batches) for _ in range(args.gradient_accumulation_steps)]
             optimizer.before_forward(step, micro_batches[0])
             loss_sum += (self._accumulate_shards(micro_batches) if self.world.client_parallel and self.world.size > 1
                          else self._accumulate(micro_batches))  # fedhf/client_parallel.py: a batch over processes
             self._optimizer_step(ctx, optimizer)
+            self.loss_scale.update()
         optimizer.end_round()
         self.optimizer = None
         return loss_sum
 
     def _optimizer_step(self, ctx: ClientContext, optimizer: OptimizerHooks) -> None:
-        """Clip the gradient, then the correction's hooks around the optimizer's step (see fedhf.corrections)."""
+        """Clip the gradient, then the correction's hooks around the optimizer's step (see fedhf.corrections); under
+        fp16 on unscaled gradients, and skipped when one overflowed (fedhf/loss_scaling.py)."""
+        trained = self.plan.trained(ctx.params).values()
+        self.loss_scale.step(trained, lambda: self._clipped_step(ctx, optimizer, trained))
+        optimizer.zero_grad(set_to_none=True)
+
+    def _clipped_step(self, ctx: ClientContext, optimizer: OptimizerHooks, trained) -> None:
         max_norm = self.args.max_grad_norm
         if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
-            torch.nn.utils.clip_grad_norm_(self.plan.trained(ctx.params).values(), max_norm)
+            torch.nn.utils.clip_grad_norm_(trained, max_norm)
         self.algorithm.correction.before_step(ctx)
         optimizer.step()
         self.algorithm.correction.after_step(ctx)
         if self.client_ranks is not None:  # nothing revives the components beyond the client's rank
             self.client_ranks.truncate(ctx.client_id)
-        optimizer.zero_grad(set_to_none=True)
 
-    def _accumulate(self, micro_batches: List[dict]) -> torch.Tensor:
+    def _accumulate(self, micro_batches: List[dict]) -> float:
         """Gradients of one optimizer step over G micro-batches, equal to those of one backward over their union;
         returns the union's loss.
 
@@ -396,24 +426,24 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         """
         if len(micro_batches) == 1:
             if loss_items(micro_batches[0], self._loss_shifts_labels) == 0:
-                return torch.zeros((), dtype=torch.float64)
-            return self.training_step(self.model, micro_batches[0]).double()
+                return 0.0
+            return float(self.training_step(self.model, micro_batches[0]))
         if self.compute_loss_func is not None or self.loss_is_scaled_for_ga:
             raise ValueError("gradient_accumulation_steps > 1 needs the model's own mean loss; a `compute_loss_func` "
                              "(or a loss already scaled for accumulation) cannot be weighted per micro-batch. Use "
                              "gradient_accumulation_steps=1 and a larger per_device_train_batch_size.")
         items = [loss_items(batch, self._loss_shifts_labels) for batch in micro_batches]
-        loss = torch.zeros((), dtype=torch.float64)
+        loss = 0.0
         for batch, n in zip(micro_batches, items):
             if n == 0:  # nothing to learn from (all labels masked): its mean would be NaN
                 continue
             self.current_gradient_accumulation_steps = sum(items) / n
-            loss += self.training_step(self.model, batch).double()
+            loss += float(self.training_step(self.model, batch))
         self.current_gradient_accumulation_steps = 1
         return loss
 
-    def _faulty(self, loss_sum: torch.Tensor, delta: Dict[str, torch.Tensor]) -> Optional[str]:
-        if not torch.isfinite(loss_sum):
+    def _faulty(self, loss_sum: float, delta: Dict[str, torch.Tensor]) -> Optional[str]:
+        if not math.isfinite(loss_sum):
             return "non-finite loss"
         squared = sum(d.double().pow(2).sum() for d in delta.values())
         if not torch.isfinite(squared):

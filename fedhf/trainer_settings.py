@@ -36,7 +36,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "max_grad_norm": (HONOURED, "clips each local step's gradient; <= 0 = no clipping"),
     "bf16": (HONOURED, "autocast in local steps and evaluation; on a CPU without bf16 matmul units, a warning "
                        "naming bf16=False"),
-    "fp16": (HONOURED, "autocast on a GPU; refused on the CPU (use bf16 with use_cpu)"),
+    "fp16": (HONOURED, "autocast on a GPU, with accelerate's loss scaling: gradients unscaled before clipping, a "
+                       "local step with an inf/nan gradient skipped; refused on the CPU (use bf16 with use_cpu)"),
     "bf16_full_eval": (HONOURED, _TRAINER_OWN),
     "fp16_full_eval": (HONOURED, _TRAINER_OWN + "; refused on the CPU"),
     "tf32": (HONOURED, "set globally by TrainingArguments"),
@@ -56,7 +57,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "log_level": (HONOURED, _TRAINER_OWN),
     "log_level_replica": (HONOURED, _TRAINER_OWN),
     "disable_tqdm": (HONOURED, "hides the per-round client progress bar"),
-    "report_to": (HONOURED, _TRAINER_OWN + "; one log per round"),
+    "report_to": (HONOURED, _TRAINER_OWN + "; one log per round; a round is a step and an epoch for callbacks "
+                               "(on_save after each checkpoint; control.should_evaluate/should_save are acted on)"),
     "run_name": (HONOURED, _TRAINER_OWN),
     "project": (HONOURED, _TRAINER_OWN),
     "trackio_space_id": (HONOURED, _TRAINER_OWN),
@@ -199,11 +201,18 @@ def map_round_strategies(config) -> None:
     config.eval_strategy, config.save_strategy = "no", "no"
 
 
-def expose_rounds_to_callbacks(args, has_eval: bool) -> None:
+def expose_rounds_to_callbacks(args, state, has_eval: bool) -> None:
     """What Trainer's callbacks read (EarlyStoppingCallback asserts eval_strategy != 'no'): with an eval_dataset,
-    evaluation happens every ``eval_every_rounds`` steps (rounds)."""
+    evaluation happens every ``eval_every_rounds`` steps (rounds). ``state.eval_steps`` says the same, so the
+    evaluations Trainer's DefaultFlowCallback asks for are the rounds' own."""
     if has_eval:
         args.eval_strategy, args.eval_steps = "steps", args.eval_every_rounds or args.num_rounds
+        state.eval_steps = args.eval_steps
+
+
+def should_save(args, rounds_done: int) -> bool:
+    """Every ``save_every_rounds`` rounds (0: never, unless a callback sets ``control.should_save``)."""
+    return bool(args.save_every_rounds) and rounds_done % args.save_every_rounds == 0
 
 
 def should_evaluate(args, rounds_done: int, has_eval: bool) -> bool:

@@ -31,7 +31,7 @@ class KillAfter(TrainerCallback):
     def __init__(self, round_number: int) -> None:
         self.round_number = round_number
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_save(self, args, state, control, **kwargs):
         if state.global_step == self.round_number:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -3,9 +3,12 @@ reproducibility, any torch optimizer, every named algorithm."""
 
 from __future__ import annotations
 
+import os
+from collections import Counter
+
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, TrainerCallback
 
 import fedhf
 from fedhf import FederatedTrainer
@@ -238,3 +241,56 @@ def test_max_grad_norm_at_or_below_zero_means_no_clipping(digits, tmp_path, boun
     unclipped, huge_bound, tiny_bound = run(bound, "a"), run(1e30, "b"), run(1e-6, "c")
     assert all(torch.equal(unclipped[n], huge_bound[n]) for n in unclipped)
     assert any(not torch.equal(unclipped[n], tiny_bound[n]) for n in unclipped)  # clipping does act when > 0
+
+
+class _Events(TrainerCallback):
+    """Counts the events; asks for a checkpoint and an evaluation after round ``ask_at`` (None: never)."""
+
+    def __init__(self, ask_at=None) -> None:
+        self.counts, self.ask_at, self.best_at_save = Counter(), ask_at, []
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.counts["epoch_begin"] += 1
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.counts["epoch_end"] += 1
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.counts["step_begin"] += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.counts["step_end"] += 1
+        if state.global_step == self.ask_at:
+            control.should_save = control.should_evaluate = True
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.counts["evaluate"] += 1
+
+    def on_save(self, args, state, control, **kwargs):
+        self.counts["save"] += 1
+        self.best_at_save.append(state.best_model_checkpoint)
+        assert os.path.isfile(os.path.join(args.output_dir, f"checkpoint-round-{state.global_step}", "manifest.json"))
+
+
+def test_callbacks_see_rounds_as_steps_and_epochs_and_every_checkpoint(digits, tmp_path):
+    events = _Events()
+    args = config(tmp_path, num_rounds=2, local_steps=1, save_every_rounds=1, eval_every_rounds=1,
+                  metric_for_best_model="accuracy")
+    trainer = digit_trainer(tiny_resnet(), digits, args, callbacks=[events])
+    trainer.train()
+    assert events.counts == {"epoch_begin": 2, "step_begin": 2, "step_end": 2, "epoch_end": 2, "evaluate": 2,
+                             "save": 2}
+    best = os.path.join(args.output_dir, f"checkpoint-round-{trainer.state.best_global_step}")
+    assert events.best_at_save[-1] == trainer.state.best_model_checkpoint == best
+    assert events.best_at_save[0] == os.path.join(args.output_dir, "checkpoint-round-1")  # round 1 is the first best
+
+
+def test_a_checkpoint_and_evaluation_a_callback_asks_for_are_made(digits, tmp_path):
+    events = _Events(ask_at=1)
+    args = config(tmp_path, num_rounds=2, local_steps=1)  # no save_every_rounds; evaluated after the last round only
+    trainer = digit_trainer(tiny_resnet(), digits, args, callbacks=[events])
+    trainer.train()
+    assert sorted(name for name in os.listdir(args.output_dir) if name.startswith("checkpoint")) == [
+        "checkpoint-round-1"]
+    assert events.counts["save"] == 1 and events.counts["evaluate"] == 2
+    assert [("eval_accuracy" in h) for h in trainer.federated_history] == [True, True]

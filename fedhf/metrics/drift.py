@@ -45,10 +45,11 @@ def spectral_norm(t: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(t.reshape(t.shape[0], -1), ord=2))
 
 
-def spectral_drift(thetas: List[Tuple[float, TensorDict]], sums, total_weight: float) -> Optional[Dict[str, float]]:
+def spectral_drift(thetas: List[Tuple[float, TensorDict]], sums, total_weight: float,
+                   device: Optional[torch.device] = None) -> Optional[Dict[str, float]]:
     """Phase 2: this process's clients' (w_i, Theta_i) against Thetabar from the all-reduced sums; one more
     all-reduce (a no-op in one process) adds the processes' parts. Every process must call it (with an empty
-    list if it trained no client). Returns ``precond_drift_spectral`` (the mean of D_k over tensors),
+    list if it trained no client; ``device``: the model's, where the all-reduce runs). Returns ``precond_drift_spectral`` (the mean of D_k over tensors),
     ``precond_drift_spectral_max`` and one ``precond_drift_spectral/<key>`` per Theta tensor."""
     if total_weight <= 0:
         return None
@@ -57,7 +58,7 @@ def spectral_drift(thetas: List[Tuple[float, TensorDict]], sums, total_weight: f
         for key, value in theta.items():
             mean = sums.get(f"theta.{key}") / total_weight
             part.add(f"norm.{key}", spectral_norm(value.double() - mean), scale=weight)
-    part.all_reduce()
+    part.all_reduce(device=device)
     per_key = {k[len("norm."):]: part.scalar(k) / total_weight for k in sorted(part.keys())}
     if not per_key:
         return None

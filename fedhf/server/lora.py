@@ -5,7 +5,7 @@
 * ``flora``: FLoRA (Wang et al., NeurIPS 2024, "FLoRA: Federated Fine-Tuning Large Language Models with Heterogeneous
   Low-Rank Adaptations", arXiv:2409.05976): the stacked adapters [B_1 ... B_n][p_1 A_1; ...; p_n A_n] =
   sum_i p_i B_i A_i are merged into the base and every client starts the next round from a fresh adapter (B = 0, A
-  redrawn from the round). The stack's product is a sum, so it is sent as one.
+  redrawn from the run's seed and the round). The stack's product is a sum, so it is sent as one.
 * ``flexlora``: FlexLoRA (Bai et al., NeurIPS 2024, "Federated Fine-tuning of Large Language Models under
   Heterogeneous Tasks and Client Resources", arXiv:2402.11505): the server re-factorises M = sum_i p_i B_i A_i by SVD,
   M = U S V^T, to the adapter's rank r: B = U_r S_r^(1/2), A = S_r^(1/2) V_r^T (the rows of V^T, not of V as
@@ -55,6 +55,7 @@ from ..context import ClientContext, ServerContext
 from ..lora import lora_pairs, seeded_lora_a
 from ..message import Message
 from ..params import TensorDict
+from ..schedule import stream_seed
 from .base import Aggregator
 
 
@@ -99,8 +100,10 @@ class FLoRA(FedExLoRA):
 
     def aggregate(self, ctx: ServerContext) -> TensorDict:
         direction, x = dict(ctx.mean_delta), ctx.global_params
+        # The round's A depends on the run's seed (each seed its own sequence of A); 32 bits, as a run's seed.
+        round_seed = stream_seed(ctx.seed, ctx.round + 1) % 2**32
         for index, (a, b) in enumerate(lora_pairs(x).items()):
-            direction[a] = seeded_lora_a(x[a].shape, ctx.round + 1, index).to(x[a].dtype) - x[a]
+            direction[a] = seeded_lora_a(x[a].shape, round_seed, index).to(x[a]) - x[a]  # x's dtype and device
             direction[b] = -x[b]
         return direction
 

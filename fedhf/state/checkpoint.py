@@ -5,7 +5,7 @@ never leaves a checkpoint that looks valid but is not. Nothing is ever unpickled
 Layout of ``checkpoint-round-N/``::
 
     <group>.safetensors ...   one file per tensor group (global model, server state, client store)
-    meta.json                 round counter, metrics history, communicated bytes, config fingerprint
+    meta.json                 round counter, metrics history, communicated bytes, config fingerprint, best round
     model/                    the global model as ``save_model`` writes it (adapter or full weights)
     manifest.json             {"format": 1, "files": {name: sha256}}  -- written last
 """
@@ -68,8 +68,9 @@ def save_checkpoint(directory: str, groups: Dict[str, TensorDict], meta: dict,
     return directory
 
 
-def load_checkpoint(directory: str) -> Tuple[Dict[str, TensorDict], dict]:
-    """Verify every checksum, then load. Raises CheckpointError naming what is wrong and what to do."""
+def load_checkpoint(directory: str, device: str = "cpu") -> Tuple[Dict[str, TensorDict], dict]:
+    """Verify every checksum, then load the tensors onto ``device`` (the model's, where a run's state lives). Raises
+    CheckpointError naming what is wrong and what to do."""
     fix = "Resume from an earlier checkpoint-round-* folder, or start the run again."
     manifest_path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(manifest_path):
@@ -92,7 +93,7 @@ def load_checkpoint(directory: str) -> Tuple[Dict[str, TensorDict], dict]:
     for name in files:
         if name.endswith(".safetensors") and os.sep not in name:
             try:
-                groups[name[: -len(".safetensors")]] = load_file(os.path.join(directory, name))
+                groups[name[: -len(".safetensors")]] = load_file(os.path.join(directory, name), device=str(device))
             except SafetensorError as err:
                 raise CheckpointError(f"Checkpoint file {name} is not valid safetensors ({err}). {fix}") from None
     with open(os.path.join(directory, META)) as f:

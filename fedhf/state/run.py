@@ -2,7 +2,8 @@
 
 Nothing else is needed to resume bit for bit: client sampling, data order, dropout and every other random
 draw come from (seed, round, client) streams (:mod:`fedhf.schedule`); optimizer state that outlives a round is
-either the broadcast Thetabar (``sync_state``) or per-client state in the client store.
+either the broadcast Thetabar (``sync_state``) or per-client state in the client store. A round checkpoint also
+holds the best round (fedhf/best_model.py) and, under fp16, the loss scaler's state (fedhf/loss_scaling.py).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_s
                       "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
                       "per_device_train_batch_size", "max_grad_norm", "partition_key", "partition_key_buckets",
                       "quantity_skew", "client_eval_fraction", "parameter_sharing", "parameter_sharing_kwargs",
-                      "lora_client_ranks")
+                      "lora_client_ranks", "gradient_accumulation_steps", "batched_clients", "bf16", "fp16",
+                      "metric_for_best_model", "greater_is_better", "load_best_model_at_end")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
                 "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None,
-                "lora_client_ranks": None}
+                "lora_client_ranks": None, "gradient_accumulation_steps": 1, "batched_clients": 1, "bf16": False,
+                "fp16": False, "metric_for_best_model": None, "greater_is_better": None,
+                "load_best_model_at_end": False}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params")
@@ -66,8 +70,9 @@ def check_fingerprint(path: str, meta: dict, expected: dict) -> None:
     mismatched = sorted(k for k in expected if stored.get(k) != expected[k])
     if mismatched:
         details = "; ".join(f"{k}: checkpoint {stored.get(k)!r}, now {expected[k]!r}" for k in mismatched)
+        same = ", ".join(f"{k}={stored.get(k)!r}" for k in mismatched if k != "algorithm")
         raise ValueError(f"Checkpoint {path} was written by a different run ({details}). Resume with the same "
-                         "settings, or start a new run in another output_dir.")
+                         f"settings ({same or 'the same algorithm'}), or start a new run in another output_dir.")
 
 
 def resolve_checkpoint(output_dir: str, resume_from_checkpoint: Union[str, bool, None]) -> Optional[str]:

@@ -3,7 +3,9 @@
 Only clients that need state ever get an entry, and an entry holds only the tensors the algorithm keeps, so
 the memory cost is (clients that participated) x (state size). State lives in memory up to ``budget_bytes``;
 beyond it, the least recently used clients are written to ``spill_dir`` as safetensors and read back on
-demand, so 10,000 clients cost disk rather than RAM.
+demand, so 10,000 clients cost disk rather than memory. The memory is the model's device (GPU memory on a GPU):
+an entry is kept where the tensors it was made from live, and a spilled or restored entry is read back to
+``device``, the model's.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import OrderedDict
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from ..params import TensorDict, num_bytes
@@ -21,9 +24,11 @@ Key = Tuple[int, str]
 
 
 class ClientStateStore:
-    def __init__(self, budget_bytes: Optional[int] = None, spill_dir: Optional[str] = None) -> None:
+    def __init__(self, budget_bytes: Optional[int] = None, spill_dir: Optional[str] = None,
+                 device: Union[torch.device, str] = "cpu") -> None:
         self.budget_bytes = budget_bytes
         self._spill_dir = spill_dir
+        self.device = torch.device(device)
         self._memory: "OrderedDict[Key, TensorDict]" = OrderedDict()
         self._on_disk: Dict[Key, str] = {}
         self.resident_bytes = 0
@@ -35,7 +40,7 @@ class ClientStateStore:
             return self._memory[key]
         if key in self._on_disk:
             path = self._on_disk.pop(key)
-            tensors = load_file(path)
+            tensors = load_file(path, device=str(self.device))
             os.remove(path)  # back in memory; a later spill writes it again
             self._keep(key, tensors)
             return tensors
@@ -64,7 +69,7 @@ class ClientStateStore:
         for flat_key, tensor in flat.items():
             client_id, name, tensor_name = flat_key.split("/", 2)
             if keep(int(client_id)):
-                grouped.setdefault((int(client_id), name), {})[tensor_name] = tensor
+                grouped.setdefault((int(client_id), name), {})[tensor_name] = tensor.to(self.device)
         for (client_id, name), tensors in grouped.items():
             self.put(client_id, name, tensors)
 

@@ -157,3 +157,21 @@ def test_fedsvd_clients_train_only_b_and_the_server_makes_a_orthonormal(tokenize
     assert not any(torch.equal(first[0][n], first[1][n]) for n in first[0])  # the server re-factorised it
     b_bytes = sum(live[layer.b].numel() * 4 for layer in layers)
     assert output.metrics["uplink_MB"] * 2**20 == 2 * CLIENTS * b_bytes  # dB only: no dA, no product
+
+
+def _flora_a(seed: int, round_index: int) -> torch.Tensor:
+    from fedhf.aggregation import RoundSums
+    from fedhf.context import ServerContext
+    from fedhf.server.lora import FLoRA
+
+    x = {"l.lora_A.default.weight": torch.zeros(4, 16), "l.lora_B.default.weight": torch.zeros(8, 4)}
+    ctx = ServerContext(round=round_index, round_lr=1.0, local_steps=1, num_clients=2, sums=RoundSums(),
+                        global_params=x, mean_delta={k: torch.zeros_like(v) for k, v in x.items()}, seed=seed)
+    return FLoRA().aggregate(ctx)["l.lora_A.default.weight"]
+
+
+def test_flora_draws_each_round_a_from_the_run_seed():
+    assert torch.equal(_flora_a(0, 1), _flora_a(0, 1))  # every client and process rebuilds the same A
+    assert not torch.equal(_flora_a(0, 1), _flora_a(1, 1))  # another seed, another sequence of A
+    assert not torch.equal(_flora_a(0, 1), _flora_a(0, 2))
+    assert _flora_a(3, 0).abs().max() <= 1 / 4  # peft's Kaiming-uniform bound 1/sqrt(in), in = 16
