@@ -47,7 +47,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "auto_find_batch_size": (REFUSED, "set `per_device_train_batch_size` yourself"),
     "logging_strategy": (HONOURED, "'no': rounds are not logged to callbacks/report_to (the history file still is); "
                                    "'steps': every `logging_steps` rounds and the last; 'epoch': every round"),
-    "logging_steps": (HONOURED, "log every N rounds (default 1 here)"),
+    "logging_steps": (HONOURED, "log every N rounds (default 1 here); a fraction of the run (< 1) is refused, as "
+                                "for eval_steps/save_steps: give whole rounds"),
     "logging_first_step": (HONOURED, "round 1 is logged too"),
     "log_on_each_node": (HONOURED, _TRAINER_OWN),
     "logging_nan_inf_filter": (NO_EFFECT, "a round's loss is the mean over surviving clients; nan only when all "
@@ -183,6 +184,7 @@ def map_round_strategies(config) -> None:
     eval_strategy, matching strategies for load_best_model_at_end) do not apply; the trainer exposes the round
     interval to callbacks when training starts (:func:`expose_rounds_to_callbacks`)."""
     evaluation = _strategy(config.eval_strategy)
+    config.eval_strategy_given = evaluation  # kept: evaluating needs an eval_dataset (fedhf/data/checks.py)
     if evaluation == "steps":
         steps = config.eval_steps if config.eval_steps is not None else config.logging_steps
         config.eval_every_rounds = _whole_rounds(steps, "eval_steps", "eval_every_rounds")
@@ -196,6 +198,8 @@ def map_round_strategies(config) -> None:
         config.save_every_rounds = _whole_rounds(config.save_steps, "save_steps", "save_every_rounds")
     elif saving == "epoch" and not config.save_every_rounds:
         config.save_every_rounds = 1
+    if _strategy(config.logging_strategy) == "steps":  # like eval_steps/save_steps: whole rounds, no fraction
+        _whole_rounds(config.logging_steps, "logging_steps", "logging_strategy='epoch'")
     config.eval_strategy, config.save_strategy = "no", "no"
 
 
@@ -223,4 +227,4 @@ def should_log(args, rounds_done: int) -> bool:
         return False
     if strategy == "epoch" or rounds_done == args.num_rounds or (args.logging_first_step and rounds_done == 1):
         return True
-    return rounds_done % max(1, int(args.logging_steps)) == 0
+    return rounds_done % int(args.logging_steps) == 0  # a whole number >= 1 (map_round_strategies)
