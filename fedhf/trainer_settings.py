@@ -88,7 +88,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "hub_model_id": (HONOURED, "Trainer's push_to_hub()"),
     "hub_strategy": (HONOURED, "with save_every_rounds: 'every_save'/'checkpoint' push each round checkpoint's "
                                "model, 'all_checkpoints' under checkpoint-round-N/, 'end' only push_to_hub()"),
-    "hub_always_push": (HONOURED, "Trainer's push_to_hub()"),
+    "hub_always_push": (NO_EFFECT, "each round checkpoint is pushed before the next round starts (synchronously), "
+                                   "so none is ever skipped, as with hub_always_push=True"),
     "hub_revision": (HONOURED, "Trainer's push_to_hub()"),
     "load_best_model_at_end": (HONOURED, "the best evaluated round's global model is loaded after the last round"),
     "metric_for_best_model": (HONOURED, "the metric that picks the best evaluated round (and EarlyStoppingCallback)"),
