@@ -120,7 +120,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "ddp_broadcast_buffers": (NO_EFFECT, "local steps never run under DDP"),
     "ddp_static_graph": (NO_EFFECT, "local steps never run under DDP"),
     "ddp_backend": (HONOURED, "the process group of the per-round all-reduce"),
-    "ddp_timeout": (HONOURED, "the process group of the per-round all-reduce"),
+    "ddp_timeout": (HONOURED, "the timeout of the per-round all-reduce's process group on GPU runs; with use_cpu "
+                              "transformers does not pass it on, so a value other than 1800 is refused there"),
     "fsdp": (REFUSED, "one resident model per process; FSDP would shard it"),
     "fsdp_config": (REFUSED, "one resident model per process; FSDP would shard it"),
     "deepspeed": (REFUSED, "one resident model per process; DeepSpeed would wrap it"),
@@ -202,6 +203,18 @@ def map_round_strategies(config) -> None:
     if _strategy(config.logging_strategy) == "steps":  # like eval_steps/save_steps: whole rounds, no fraction
         _whole_rounds(config.logging_steps, "logging_steps", "logging_strategy='epoch'")
     config.eval_strategy, config.save_strategy = "no", "no"
+
+
+def check_ddp_timeout(config) -> None:
+    """transformers passes ``ddp_timeout`` to the process group only off the CPU: with ``use_cpu`` the group gets
+    torch's default (30 minutes) whatever is set, so another value would be ignored silently."""
+    import torch.distributed as dist
+
+    if config.use_cpu and config.ddp_timeout != 1800 and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"`ddp_timeout`={config.ddp_timeout} is not applied with use_cpu=True (transformers does not "
+                         "pass it to a CPU process group): leave it at 1800, or create the group yourself before "
+                         "building the config, e.g. torch.distributed.init_process_group('gloo', "
+                         "timeout=datetime.timedelta(seconds=...)).")
 
 
 def expose_rounds_to_callbacks(args, has_eval: bool) -> None:

@@ -27,8 +27,6 @@ TESTS = pathlib.Path(__file__).resolve().parent
 # Honoured fields whose effect needs several processes (torchrun) or a logging integration not installed here;
 # each stays listed only while no test sets it (the scan below fails when one is set: then drop it from here).
 NEEDS_PROCESSES_OR_INTEGRATIONS = {
-    "ddp_backend": "the process group torchrun runs the round's all-reduce in",
-    "ddp_timeout": "the process group torchrun runs the round's all-reduce in",
     "local_rank": "set by the launcher",
     "log_level_replica": "the log level of processes other than the main one",
     "log_on_each_node": "which processes log on a multi-node run",
@@ -256,3 +254,37 @@ def test_hub_private_repo_revision_and_token_reach_the_hub(digits, tmp_path, mon
     digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
     assert repos == [("me/fed-digits", True, "hf_given_here")]
     assert commits == [("me/fed-digits", "federated", "hf_given_here")]
+
+
+_PROCESS_GROUP = """
+import os, sys
+os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+import torch.distributed as dist
+calls, real = [], dist.init_process_group
+dist.init_process_group = lambda *a, **kw: calls.append(kw) or real(*a, **kw)
+from fedhf import FederatedConfig
+FederatedConfig(output_dir=sys.argv[2], report_to="none", use_cpu=True, ddp_backend="gloo").device
+print("backend", calls[0]["backend"], dist.get_backend())
+"""
+
+
+def test_ddp_backend_makes_the_process_group(tmp_path):
+    """A one-process distributed launch (the environment torchrun sets): the group is made with the backend asked
+    for. Run in a subprocess so that no group outlives the test."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+    out = subprocess.run([sys.executable, "-c", _PROCESS_GROUP, str(port), str(tmp_path / "run")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert "backend gloo gloo" in out.stdout, out.stderr[-2000:]
+
+
+def test_ddp_timeout_that_a_cpu_run_would_ignore_is_refused(tmp_path):
+    assert config(tmp_path, ddp_timeout=1800).ddp_timeout == 1800
+    with pytest.raises(ValueError, match="`ddp_timeout`=60 is not applied with use_cpu=True.*init_process_group"):
+        config(tmp_path, ddp_timeout=60)
