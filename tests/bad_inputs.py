@@ -186,6 +186,8 @@ BAD_INPUTS = [
     Bad("`save_steps` as a fraction of the run", "save_steps", _cfg(save_strategy="steps", save_steps=0.5)),
     Bad("`eval_steps` as a fraction of the run", "eval_steps", _cfg(eval_strategy="steps", eval_steps=0.25)),
     Bad("`logging_steps` as a fraction of the run", "logging_steps", _cfg(logging_strategy="steps", logging_steps=0.1)),
+    Bad("`ddp_timeout` on a CPU run (transformers does not pass it to a CPU process group)", "ddp_timeout",
+        _cfg(ddp_timeout=60)),
     Bad("`deepspeed` set", "deepspeed", _cfg(deepspeed="ds.json")),
     # --- the model and the data (FederatedTrainer) ---
     Bad("`args` that is a plain TrainingArguments", "args", _plain_args, TypeError),
