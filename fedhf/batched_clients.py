@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
-PAD_VALUES = {"labels": IGNORE_INDEX, "attention_mask": 0}  # every other padded column: 0 (e.g. input_ids)
+PAD_VALUES = {"labels": IGNORE_INDEX, "attention_mask": 0}  # input_ids: the model's pad id; any other column: 0
 
 
 @dataclass
@@ -102,9 +102,24 @@ def _replace(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]]) -> Tuple[Dict[str, torch.Tensor], Routing]:
+def model_pad_id(model: torch.nn.Module) -> int:
+    """The token id the model itself treats as padding (``config.pad_token_id``), or 0 for a model that declares
+    none (then no id is special to it, so any value under a 0 attention mask is invisible).
+
+    Why the model's id and not the collator's: a decoder sequence classifier pools the rightmost token that is not
+    ``pad_token_id`` (and RoBERTa-style position ids skip it), so only positions holding the model's pad id are
+    invisible to it. Padding a row on the right with that id leaves exactly what the model saw when the client
+    was trained alone, whatever the collator itself padded with."""
+    config = getattr(model, "config", None)  # a plain nn.Module has no config, and so no pad id of its own
+    pad = config.get_text_config().pad_token_id if config is not None else None
+    return 0 if pad is None else int(pad)
+
+
+def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]],
+                   pad_id: int = 0) -> Tuple[Dict[str, torch.Tensor], Routing]:
     """One batch of the clients' batches, client-major; columns of different lengths padded on the right
-    (labels with -100, the attention mask with 0, the rest with 0), which needs an attention mask."""
+    (``input_ids`` with ``pad_id``, the model's pad token (:func:`model_pad_id`), labels with -100, the attention
+    mask and any other column with 0), which needs an attention mask."""
     keys = list(batches[0])
     if any(list(b) != keys for b in batches):
         raise ValueError("batched clients need batches with the same columns.")
@@ -117,7 +132,7 @@ def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]]) -> Tuple[Dict[
         if length is not None and any(t.shape[1] != length for t in tensors):
             if "attention_mask" not in keys:
                 raise ValueError("batched clients pad rows to one length, which needs an `attention_mask` column.")
-            fill = PAD_VALUES.get(key, 0)
+            fill = pad_id if key == "input_ids" else PAD_VALUES.get(key, 0)
             tensors = [F.pad(t, (0, 0) * (t.ndim - 2) + (0, length - t.shape[1]), value=fill) for t in tensors]
         out[key] = torch.cat(tensors)
     starts = [0]

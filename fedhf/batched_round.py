@@ -21,7 +21,7 @@ from typing import List
 import torch
 
 from .aggregation import RoundSums
-from .batched_clients import Routing, concat_batches, per_client, row_losses, stacked_clients
+from .batched_clients import Routing, concat_batches, model_pad_id, per_client, row_losses, stacked_clients
 from .context import ClientContext
 from .model_outputs import logits_of, loss_items
 from .optim import ModelAccess
@@ -50,9 +50,21 @@ def check_batched_clients(trainer) -> None:
         problems.append("`label_smoothing_factor` (the per-client loss is the model's plain loss)")
     if trainer.compute_loss_func is not None:
         problems.append("a `compute_loss_func` (the per-client loss is computed from the logits)")
+    problems += _overridden_loss(type(trainer))
     if problems:
         raise ValueError(f"`batched_clients={args.batched_clients}` cannot train clients together with "
                          + "; ".join(problems) + ". Set `batched_clients=1` or change that setting.")
+
+
+def _overridden_loss(cls: type) -> List[str]:
+    """The shared pass computes each client's loss from the logits (the model's plain mean) and never calls
+    ``compute_loss`` or ``training_step``; an override of either (a user's, or trl's SFTTrainer's: its ``dft`` loss,
+    MoE auxiliary loss and token metrics) would be skipped silently, so it is refused."""
+    from transformers import Trainer
+
+    return [f"an overridden `{name}` ({getattr(cls, name).__qualname__}: the shared pass computes each client's "
+            f"loss from the logits and would skip it; trl's SFTTrainer overrides both)"
+            for name in ("compute_loss", "training_step") if getattr(cls, name) is not getattr(Trainer, name)]
 
 
 def _random_state():
@@ -112,8 +124,9 @@ class BatchedRound:
         items = torch.tensor([max(sum(loss_items(b, shifted) for b in batches), 1) for batches in micro],
                              dtype=torch.float64)
         step_loss = torch.zeros(len(micro), dtype=torch.float64)
+        pad_id = model_pad_id(self.model)
         for m in range(len(micro[0])):
-            batch, rows = concat_batches([batches[m] for batches in micro])
+            batch, rows = concat_batches([batches[m] for batches in micro], pad_id)
             routing.segments = rows.segments
             inputs = self._prepare_inputs(batch)
             labels = inputs.pop("labels")

@@ -32,7 +32,7 @@ from .data import PARTITION_KEYS, PARTITIONERS
 from .data.embedding_key import check_encoder
 from .processes import cpu_only_launch
 from .hub import check_hub_access
-from .trainer_settings import map_round_strategies, refuse_unsupported
+from .trainer_settings import check_ddp_timeout, map_round_strategies, refuse_unsupported
 
 ROUND_SCHEDULES = ("cosine", "constant")
 TRAINING_ARGUMENTS_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
@@ -219,6 +219,7 @@ class FederatedConfig(TrainingArguments):
         super().__post_init__()
         check_batch_sizes(self)
         check_mixed_precision(self)
+        check_ddp_timeout(self)  # after use_cpu is settled above
         check_hub_access(self)  # before Trainer creates the Hub repository
         for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
                      "state_sync_kwargs", "parameter_sharing_kwargs"):

@@ -13,7 +13,15 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 * client store -- per client: its correction state (SCAFFOLD c_i, tracking y_i), a kept Theta (at most the
   optimizer state) and its personal tensors (fp32), x ``num_clients``; capped by ``client_state_budget_mb``
   (fedhf/state/store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
+* round sums -- the round's running sums of the client messages, kept in float64 (fedhf/aggregation.py): the
+  update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
+  counted at that state's size), the optimizer's Theta (counted at the whole optimizer state), and for the LoRA
+  product rules (FedEx-LoRA, FLoRA, FlexLoRA) the dense (out x in) product B A of every adapted layer.
+* client products -- those rules' one client's dense products in fp32 while its message is formed.
+* gathered updates -- robust rules that gather (median, trimmed mean, Krum...) keep every participant's update:
+  ``clients_per_round`` x the fp32 trainable tensors.
 * activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
+* autocast copies -- under bf16/fp16 autocast of a wider model, the half-precision weight copies the forward keeps.
 * loss transient -- around a causal LM's loss the step briefly holds more logits-sized tensors than autograd saves
   (the logits the output keeps, the gradients of the log-softmax and of the logits, a copy in the loss):
   4 x T x V x the activation size, x C. Calibrated on the peak resident set of benchmarks/memory_plan.py (fresh
@@ -27,7 +35,12 @@ MLP width i and (causal LMs) vocabulary V::
     no checkpointing:        L (8 h + 4 i) + V + h
     gradient checkpointing:  L h + (8 h + 4 i) + V + h      (layer inputs kept, one layer recomputed at a time)
 
-times the activation dtype's size (2 under bf16/fp16, else the model's). The constants 8 and 4 were measured on
+times the model's parameter size, also under bf16/fp16 autocast: autograd then keeps half-precision copies of the
+matmuls' inputs beside fp32 norms, residuals and the loss's fp32 log-softmax of the logits, and on top of them
+(row "autocast copies", once per forward) the half-precision copy of every frozen linear weight the forward
+multiplies with. Measured on fp32 tiny Llamas with LoRA under CPU bf16 autocast (5 shapes, 96-192 tokens), what
+autograd keeps is 0.80-0.91 of these two rows (fp32: 0.91-1.01 of the activation row); 2 bytes per element with no
+copies, the earlier assumption, planned up to 2.2x too little. The constants 8 and 4 were measured on
 LlamaForCausalLM + LoRA (all linear layers, sdpa attention) in fp32 on CPU as the bytes of every tensor autograd
 saves for the backward (``torch.autograd.graph.saved_tensors_hooks``, parameters excluded): L (8.0 h + 4.0 i) +
 1.0 V + 1.0 h per token (+ 7 r for LoRA's rank-r outputs, left out), the same for T = 256 and 512 tokens, h = 256
@@ -68,6 +81,10 @@ class MemoryPlan:
     client_store_cap_bytes: Optional[int] = None
     activation_bytes_per_client: Optional[int] = None
     transient_bytes_per_client: int = 0
+    round_sums_bytes: int = 0
+    product_bytes: int = 0
+    gathered_bytes: int = 0
+    autocast_copy_bytes: int = 0
     notes: list = field(default_factory=list)
 
     @property
@@ -99,7 +116,10 @@ class MemoryPlan:
         return {"model": sum(self.model_bytes.values()), "adapter copies": self.adapter_copy_bytes,
                 "gradients": self.gradient_bytes, "optimizer state": self.optimizer_bytes,
                 "run state": self.run_state_bytes, "client store": self.client_store_bytes,
-                "activations": self.activation_bytes, "loss transient": self.transient_bytes}
+                "round sums": self.round_sums_bytes, "client products": self.product_bytes,
+                "gathered updates": self.gathered_bytes,
+                "activations": self.activation_bytes, "autocast copies": self.autocast_copy_bytes,
+                "loss transient": self.transient_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -116,12 +136,17 @@ class MemoryPlan:
             "run state": "x^r, server and correction state",
             "client store": f"{_mb(self.client_store_bytes_per_client)} x {self.stored_clients} clients"
             + (f", capped at {_mb(self.client_store_cap_bytes)}" if self.client_store_cap_bytes is not None else ""),
+            "round sums": "float64 sums of the round's client messages",
+            "client products": "a client's dense LoRA products B A (fp32)" if self.product_bytes else "none",
+            "gathered updates": "every participant's update (fp32)" if self.gathered_bytes else "none",
             "activations": "not estimated" if self.activation_bytes_per_client is None
             else f"{_mb(self.activation_bytes_per_client)} x {self.clients_at_once}",
+            "autocast copies": "half-precision weight copies, once per forward" if self.autocast_copy_bytes
+            else "none",
             "loss transient": f"{_mb(self.transient_bytes_per_client)} x {self.clients_at_once}",
         }
-        lines = ["fedhf memory plan"] + [f"  {name:<16}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
-        lines.append(f"  {'total':<16}{_mb(self.total_bytes):>12}")
+        lines = ["fedhf memory plan"] + [f"  {name:<18}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
+        lines.append(f"  {'total':<18}{_mb(self.total_bytes):>12}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
@@ -215,6 +240,7 @@ def plan_memory(trainer, run) -> MemoryPlan:
     personal = sum(t.numel() * 4 for t in trainer.plan.personal.values())  # kept as fp32 snapshots
     per_client = algo.correction.client_state_bytes(run.global_params) + kept_theta + personal
     activations, transient = _activation_bytes(trainer, notes)
+    sums, products, gathered = _round_bytes(trainer, run, optimizer or 0)
     return MemoryPlan(
         model_bytes=model_bytes(model), trainable_bytes=num_bytes(trained), clients_at_once=args.batched_clients,
         optimizer_bytes_per_client=optimizer,
@@ -224,7 +250,27 @@ def plan_memory(trainer, run) -> MemoryPlan:
         if per_client else 0,
         client_store_cap_bytes=None if args.client_state_budget_mb is None
         else int(args.client_state_budget_mb * 2**20),
-        activation_bytes_per_client=activations, transient_bytes_per_client=transient, notes=notes)
+        activation_bytes_per_client=activations, transient_bytes_per_client=transient,
+        round_sums_bytes=sums, product_bytes=products, gathered_bytes=gathered,
+        autocast_copy_bytes=autocast_copy_bytes(model, args.bf16 or args.fp16), notes=notes)
+
+
+def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
+    """(round sums, one client's dense LoRA products, gathered updates): see the module docstring. The sums are
+    float64, i.e. twice the fp32 size of what is summed."""
+    from .lora import lora_pairs
+    from .server.lora import ProductAggregator
+
+    algo, shared = trainer.algorithm, run.global_params
+    # every state-sync rule sums the clients' optimizer Theta (warm start, or the drift diagnostic): at most the
+    # whole optimizer state, which is what a plan can know before the optimizer exists
+    summed = (num_bytes(shared) + num_bytes(run.global_buffers) + algo.correction.client_state_bytes(shared)
+              + optimizer_bytes)
+    products = 0
+    if isinstance(algo.server_rule.aggregator, ProductAggregator):  # each client sends its dense B A
+        products = sum(4 * shared[b].shape[0] * shared[a].shape[1] for a, b in lora_pairs(shared).items())
+    gathered = trainer.args.clients_per_round * num_bytes(shared) if algo.server_rule.gathers else 0
+    return 2 * (summed + products), products, gathered
 
 
 def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
@@ -243,11 +289,24 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     if elements is None:
         notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
         return None, 0
-    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
-    size = 2 if (args.bf16 or args.fp16) else torch.empty((), dtype=floating[0]).element_size()
+    size = _floating_size(model)  # autocast does not shrink what is kept (module docstring)
     shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
     tokens = lengths * -(-args.per_device_train_batch_size // shards)
     return elements * size * tokens, 4 * logits * size * tokens
+
+
+def _floating_size(model: torch.nn.Module) -> int:
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    return torch.empty((), dtype=floating[0]).element_size()
+
+
+def autocast_copy_bytes(model: torch.nn.Module, half_autocast: bool) -> int:
+    """Under bf16/fp16 autocast, the half-precision copy of every frozen linear weight wider than 2 bytes that
+    the forward multiplies with, kept for the backward (once per forward, whatever the rows)."""
+    if not half_autocast:
+        return 0
+    return sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
+               and not m.weight.requires_grad and m.weight.is_floating_point() and m.weight.element_size() > 2)
 
 
 def _longest_row(data) -> Optional[int]:
@@ -257,4 +316,4 @@ def _longest_row(data) -> Optional[int]:
     return int(pc.max(pc.list_value_length(data.data.column("input_ids"))).as_py())
 
 
-__all__ = ["MemoryPlan", "activation_elements_per_token", "check_budget", "model_bytes", "plan_memory"]
+__all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes", "plan_memory"]

@@ -41,7 +41,7 @@ from .client_parallel import ClientParallel, check_client_parallel
 from .config import FederatedConfig
 from .context import ClientContext, ServerContext, TrainedPart
 from .data import given_split, save_partition_report, split_dataset
-from .data.checks import check_datasets, check_not_streaming
+from .data.checks import check_datasets, check_evaluation_set, check_not_streaming
 from .batched_round import BatchedRound, check_batched_clients
 from .personal_eval import PersonalEvaluation, check_personal_eval
 from .lora_ranks import ClientRanks, check_client_ranks
@@ -106,6 +106,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)
+        check_evaluation_set(args, self.eval_dataset, self.callback_handler.callbacks)
         self.algorithm = args.build_algorithm()
         self.sharing = args.build_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work

@@ -48,7 +48,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "auto_find_batch_size": (REFUSED, "set `per_device_train_batch_size` yourself"),
     "logging_strategy": (HONOURED, "'no': rounds are not logged to callbacks/report_to (the history file still is); "
                                    "'steps': every `logging_steps` rounds and the last; 'epoch': every round"),
-    "logging_steps": (HONOURED, "log every N rounds (default 1 here)"),
+    "logging_steps": (HONOURED, "log every N rounds (default 1 here); a fraction of the run (< 1) is refused, as "
+                                "for eval_steps/save_steps: give whole rounds"),
     "logging_first_step": (HONOURED, "round 1 is logged too"),
     "log_on_each_node": (HONOURED, _TRAINER_OWN),
     "logging_nan_inf_filter": (NO_EFFECT, "a round's loss is the mean over surviving clients; nan only when all "
@@ -89,7 +90,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "hub_model_id": (HONOURED, "Trainer's push_to_hub()"),
     "hub_strategy": (HONOURED, "with save_every_rounds: 'every_save'/'checkpoint' push each round checkpoint's "
                                "model, 'all_checkpoints' under checkpoint-round-N/, 'end' only push_to_hub()"),
-    "hub_always_push": (HONOURED, "Trainer's push_to_hub()"),
+    "hub_always_push": (NO_EFFECT, "each round checkpoint is pushed before the next round starts (synchronously), "
+                                   "so none is ever skipped, as with hub_always_push=True"),
     "hub_revision": (HONOURED, "Trainer's push_to_hub()"),
     "load_best_model_at_end": (HONOURED, "the best evaluated round's global model is loaded after the last round"),
     "metric_for_best_model": (HONOURED, "the metric that picks the best evaluated round (and EarlyStoppingCallback)"),
@@ -120,7 +122,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "ddp_broadcast_buffers": (NO_EFFECT, "local steps never run under DDP"),
     "ddp_static_graph": (NO_EFFECT, "local steps never run under DDP"),
     "ddp_backend": (HONOURED, "the process group of the per-round all-reduce"),
-    "ddp_timeout": (HONOURED, "the process group of the per-round all-reduce"),
+    "ddp_timeout": (HONOURED, "the timeout of the per-round all-reduce's process group on GPU runs; with use_cpu "
+                              "transformers does not pass it on, so a value other than 1800 is refused there"),
     "fsdp": (REFUSED, "one resident model per process; FSDP would shard it"),
     "fsdp_config": (REFUSED, "one resident model per process; FSDP would shard it"),
     "deepspeed": (REFUSED, "one resident model per process; DeepSpeed would wrap it"),
@@ -185,6 +188,7 @@ def map_round_strategies(config) -> None:
     eval_strategy, matching strategies for load_best_model_at_end) do not apply; the trainer exposes the round
     interval to callbacks when training starts (:func:`expose_rounds_to_callbacks`)."""
     evaluation = _strategy(config.eval_strategy)
+    config.eval_strategy_given = evaluation  # kept: evaluating needs an eval_dataset (fedhf/data/checks.py)
     if evaluation == "steps":
         steps = config.eval_steps if config.eval_steps is not None else config.logging_steps
         config.eval_every_rounds = _whole_rounds(steps, "eval_steps", "eval_every_rounds")
@@ -198,7 +202,21 @@ def map_round_strategies(config) -> None:
         config.save_every_rounds = _whole_rounds(config.save_steps, "save_steps", "save_every_rounds")
     elif saving == "epoch" and not config.save_every_rounds:
         config.save_every_rounds = 1
+    if _strategy(config.logging_strategy) == "steps":  # like eval_steps/save_steps: whole rounds, no fraction
+        _whole_rounds(config.logging_steps, "logging_steps", "logging_strategy='epoch'")
     config.eval_strategy, config.save_strategy = "no", "no"
+
+
+def check_ddp_timeout(config) -> None:
+    """transformers passes ``ddp_timeout`` to the process group only off the CPU: with ``use_cpu`` the group gets
+    torch's default (30 minutes) whatever is set, so another value would be ignored silently."""
+    import torch.distributed as dist
+
+    if config.use_cpu and config.ddp_timeout != 1800 and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"`ddp_timeout`={config.ddp_timeout} is not applied with use_cpu=True (transformers does not "
+                         "pass it to a CPU process group): leave it at 1800, or create the group yourself before "
+                         "building the config, e.g. torch.distributed.init_process_group('gloo', "
+                         "timeout=datetime.timedelta(seconds=...)).")
 
 
 def expose_rounds_to_callbacks(args, state, has_eval: bool) -> None:
@@ -232,4 +250,4 @@ def should_log(args, rounds_done: int) -> bool:
         return False
     if strategy == "epoch" or rounds_done == args.num_rounds or (args.logging_first_step and rounds_done == 1):
         return True
-    return rounds_done % max(1, int(args.logging_steps)) == 0
+    return rounds_done % int(args.logging_steps) == 0  # a whole number >= 1 (map_round_strategies)

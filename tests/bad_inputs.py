@@ -90,6 +90,36 @@ def _plain_args(env):
                                                                         report_to="none"))
 
 
+def _no_eval(callbacks=(), **kw):
+    """A digits trainer without an eval_dataset (and, as a user would write it, without compute_metrics)."""
+    def build(env):
+        return FederatedTrainer(model=tiny_resnet(), args=config(env["tmp_path"], **kw),
+                                train_dataset=env["digits"]["train"], callbacks=[c() for c in callbacks])
+    return build
+
+
+def _early_stopping():
+    from transformers import EarlyStoppingCallback
+    return EarlyStoppingCallback(1)
+
+
+def _generation_eval():
+    from fedhf.metrics import GenerationEvalCallback
+    return GenerationEvalCallback(None)
+
+
+def _renamed_classifier(env):
+    """A classifier whose class name does not end in 'Classification' (a user's subclass): 10 digit classes for a
+    head of 5."""
+    from transformers import ResNetForImageClassification
+
+    class DigitNet(ResNetForImageClassification):
+        pass
+
+    model = DigitNet(_resnet_with(5).config)
+    return digit_trainer(model, env["digits"], config(env["tmp_path"]))
+
+
 def _partitions(parts, key=None, **kw):
     return lambda env: digit_trainer(tiny_resnet(), env["digits"], config(env["tmp_path"], partition="iid", **kw),
                                      client_partitions=parts(len(env["digits"]["train"])), partition_key=key)
@@ -155,6 +185,9 @@ BAD_INPUTS = [
     Bad("`save_strategy='best'`", "save_strategy", _cfg(save_strategy="best")),
     Bad("`save_steps` as a fraction of the run", "save_steps", _cfg(save_strategy="steps", save_steps=0.5)),
     Bad("`eval_steps` as a fraction of the run", "eval_steps", _cfg(eval_strategy="steps", eval_steps=0.25)),
+    Bad("`logging_steps` as a fraction of the run", "logging_steps", _cfg(logging_strategy="steps", logging_steps=0.1)),
+    Bad("`ddp_timeout` on a CPU run (transformers does not pass it to a CPU process group)", "ddp_timeout",
+        _cfg(ddp_timeout=60)),
     Bad("`deepspeed` set", "deepspeed", _cfg(deepspeed="ds.json")),
     # --- the model and the data (FederatedTrainer) ---
     Bad("`args` that is a plain TrainingArguments", "args", _plain_args, TypeError),
@@ -165,6 +198,8 @@ BAD_INPUTS = [
     Bad("string labels", "class_encode_column", _with_train(_string_labels)),
     Bad("labels outside the model's `num_labels`", "num_labels", _with_train(lambda ds: ds.filter(lambda r: True),
         model=lambda: _resnet_with(num_labels=5))),
+    Bad("labels outside `num_labels` for a classifier whose class name does not say so (a user's subclass)",
+        "num_labels", _renamed_classifier),
     Bad("`None` labels", "label", _with_train(_none_in("label"), partition="iid")),
     Bad("`None` in the `partition_column`", "partition_column", _with_train(_none_in("group"), partition_column="group")),
     Bad("an untokenised text dataset", "train_dataset", _untokenised),
@@ -230,6 +265,19 @@ BAD_INPUTS = [
     Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
         "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
                                                eval_every_rounds=1, metric_for_best_model="loss")),
+    # --- settings that act on evaluation results, without an eval_dataset (fedhf/data/checks.py) ---
+    Bad("`load_best_model_at_end=True` without an `eval_dataset`", "eval_dataset",
+        _no_eval(load_best_model_at_end=True)),
+    Bad("`metric_for_best_model` without an `eval_dataset`", "metric_for_best_model",
+        _no_eval(metric_for_best_model="accuracy")),
+    Bad("`eval_strategy='steps'` without an `eval_dataset`", "eval_strategy",
+        _no_eval(eval_strategy="steps", eval_steps=1)),
+    Bad("`eval_strategy='epoch'` without an `eval_dataset`", "eval_strategy", _no_eval(eval_strategy="epoch")),
+    Bad("`eval_on_start=True` without an `eval_dataset`", "eval_on_start", _no_eval(eval_on_start=True)),
+    Bad("an `EarlyStoppingCallback` without an `eval_dataset`", "EarlyStoppingCallback",
+        _no_eval(callbacks=[_early_stopping], metric_for_best_model=None)),
+    Bad("a `GenerationEvalCallback` without an `eval_dataset`", "GenerationEvalCallback",
+        _no_eval(callbacks=[_generation_eval])),
     # --- memory plan and client-parallel training (fedhf/memory_plan.py, fedhf/client_parallel.py) ---
     Bad("`memory_budget_gb` <= 0", "memory_budget_gb", _cfg(memory_budget_gb=0)),
     Bad("`client_parallel=True` with BatchNorm buffers (a row shard's statistics are not the batch's)",

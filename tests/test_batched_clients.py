@@ -5,6 +5,8 @@ is short, micro-batching and a trainable head; what it cannot do is refused befo
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from peft import LoraConfig, TaskType, get_peft_model
@@ -115,19 +117,49 @@ def test_each_copy_gets_only_its_own_rows_gradient():
     torch.testing.assert_close(routed(x), routed.copies[1](x))
 
 
-def test_concatenation_pads_on_the_right_and_records_each_clients_rows():
+def test_concatenation_pads_on_the_right_with_the_pad_id_and_records_each_clients_rows():
     a = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
          "labels": torch.tensor([[-100, 6, 7]])}
     b = {"input_ids": torch.tensor([[8], [9]]), "attention_mask": torch.ones(2, 1, dtype=torch.long),
          "labels": torch.tensor([[8], [9]])}
-    batch, routing = concat_batches([a, b])
+    batch, routing = concat_batches([a, b], pad_id=102)
     assert routing.segments == [(0, 1), (1, 3)]
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0], [9, 0, 0]]
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 102, 102], [9, 102, 102]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100], [9, -100, -100]]
     del a["attention_mask"], b["attention_mask"]
     with pytest.raises(ValueError, match="attention_mask"):
         concat_batches([a, b])
+
+
+def test_a_decoder_classifier_with_a_non_zero_pad_id_trains_the_same_together(tmp_path, tokenizer):
+    """LlamaForSequenceClassification pools the rightmost token that is not ``config.pad_token_id``; padding a
+    shorter client's rows with anything else would pool a padding position. Pad here is [SEP] (id 102)."""
+    from datasets import DatasetDict
+    from transformers import DataCollatorWithPadding, LlamaConfig, LlamaForSequenceClassification
+
+    from fedhf.demo_data import load_tweets, subsample, tokenize_tweets
+
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = "[SEP]"
+    assert tok.pad_token_id != 0
+    data = tokenize_tweets(DatasetDict(train=subsample(load_tweets()["train"], 24, seed=0)), tok, max_length=64)["train"]
+
+    def run(batched):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=2, num_labels=3, pad_token_id=tok.pad_token_id)
+        model = get_peft_model(LlamaForSequenceClassification(cfg),
+                               LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS"))
+        args = config(tmp_path / f"p{batched}", num_clients=2, clients_per_round=2, num_rounds=1, local_steps=2,
+                      per_device_train_batch_size=3, partition="iid", learning_rate=0.05, batched_clients=batched,
+                      partition_report=False)
+        FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=DataCollatorWithPadding(tok)).train()
+        return trainable_state(model)
+
+    sequential, together = run(1), run(2)
+    for name in sequential:
+        torch.testing.assert_close(together[name], sequential[name], rtol=0, atol=2e-6, msg=name)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -154,3 +186,42 @@ def test_non_linear_trainable_modules_are_refused(tmp_path, tokenizer, sft):
 def test_batched_clients_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="batched_clients"):
         config(tmp_path, batched_clients=0)
+
+
+class _ZeroLoss(FederatedTrainer):
+    """A user's compute_loss override (here a loss that trains nothing): the shared pass could not run it."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * 0.0
+
+
+def test_an_overridden_compute_loss_is_refused_before_work(tmp_path, tokenizer, sft):
+    args = config(tmp_path, batched_clients=2, num_clients=2, clients_per_round=2, partition="iid")
+    with pytest.raises(ValueError, match="batched_clients=2.*compute_loss.*_ZeroLoss.*batched_clients=1"):
+        _ZeroLoss(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=sft["train"],
+                  data_collator=SFTCollator(tokenizer))
+    model = tiny_llama_lora(len(tokenizer))
+    start = trainable_state(model)
+    one = _ZeroLoss(model=model, args=config(tmp_path / "one", num_clients=2, clients_per_round=2, partition="iid",
+                                             num_rounds=1, weight_decay=0.0, learning_rate=0.1),
+                    train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+    one.train()  # one client at a time runs the override: a zero loss leaves the adapter where it was
+    for name, value in trainable_state(model).items():
+        torch.testing.assert_close(value, start[name], rtol=0, atol=0, msg=name)
+
+
+def test_trls_sft_trainer_with_batched_clients_is_refused_naming_the_fix(tmp_path, tokenizer):
+    from datasets import Dataset
+
+    from fedhf.demo_data import tiny_llama
+    from fedhf.trl import FederatedSFTConfig, FederatedSFTTrainer
+
+    data = Dataset.from_dict({"prompt": ["Tweet: good\nSentiment:"] * 8,
+                                                     "completion": [" positive"] * 8})
+    args = FederatedSFTConfig(output_dir=str(tmp_path / "run"), report_to="none", use_cpu=True, bf16=False,
+                              gradient_checkpointing=False, eos_token="[SEP]", num_clients=2, clients_per_round=2,
+                              partition="iid", batched_clients=2, save_strategy="no", eval_every_rounds=0)
+    model = get_peft_model(tiny_llama(len(tokenizer)), LoraConfig(r=2, target_modules=["q_proj"],
+                                                                  task_type=TaskType.CAUSAL_LM))
+    with pytest.raises(ValueError, match="compute_loss.*SFTTrainer.*batched_clients=1"):
+        FederatedSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)

@@ -11,7 +11,8 @@ from peft import LoraConfig, TaskType, get_peft_model
 from fedhf import FederatedConfig, FederatedTrainer
 from fedhf.data.sft import SFTCollator
 from fedhf.demo_data import tiny_llama
-from fedhf.memory_plan import GIB, activation_elements_per_token
+from fedhf.aggregation import RoundSums
+from fedhf.memory_plan import GIB, activation_elements_per_token, autocast_copy_bytes
 
 from .helpers import config, tiny_llama_lora, trainable_state, tweet_sft
 
@@ -31,7 +32,9 @@ def _trainer(tmp_path, tokenizer, sft, **overrides):
 
 
 @pytest.mark.parametrize("batched", [1, 2])
-def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, tokenizer, sft, batched, capsys):
+def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, tokenizer, sft, batched, capsys,
+                                                                 monkeypatch):
+    held_sums = _spy_on_sums(monkeypatch)
     trainer = _trainer(tmp_path, tokenizer, sft, batched_clients=batched)
     lora = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
     lora_elements = sum(p.numel() for p in lora.values())
@@ -50,12 +53,52 @@ def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, token
     assert trainer.client_store.resident_bytes == plan.client_store_bytes
     # x^r plus SCAFFOLD's c (fp32); FedAvg's server rule keeps no state
     assert plan.run_state_bytes == 2 * 4 * lora_elements
-    longest = max(len(row) for row in sft["train"]["input_ids"])
-    llama = trainer.model.config
-    expected = activation_elements_per_token(llama, False, llama.vocab_size) * 4 * 4 * longest
-    assert plan.activation_bytes == expected * batched
-    assert plan.transient_bytes == 4 * llama.vocab_size * 4 * 4 * longest * batched
-    assert plan.total_bytes == sum(plan.rows().values())
+    # activations, by hand for this tiny Llama (L=2 layers, h=64, MLP i=128, V=30,522 logits; fp32; no
+    # checkpointing): L (8 h + 4 i) + V + h elements per token, x 4 bytes x 4 rows x the longest row
+    tokens = 4 * max(len(row) for row in sft["train"]["input_ids"])
+    assert len(tokenizer) == 30522 and trainer.model.config.intermediate_size == 128
+    assert plan.activation_bytes == (2 * (8 * 64 + 4 * 128) + 30522 + 64) * 4 * tokens * batched
+    assert plan.transient_bytes == 4 * 30522 * 4 * tokens * batched  # 4 logits-sized fp32 tensors
+    assert plan.autocast_copy_bytes == 0  # fp32, no autocast
+    # the round's float64 sums, measured on RoundSums itself: dx, SCAFFOLD's dc and AdamW's exp_avg_sq (its
+    # Theta) per LoRA element; the plan counts Theta at the whole AdamW state (8 bytes + a step per tensor)
+    assert held_sums[0] == 3 * 8 * lora_elements
+    assert plan.round_sums_bytes == 2 * (4 * lora_elements + 4 * lora_elements + 8 * lora_elements + 4 * len(lora))
+    assert plan.product_bytes == 0 and plan.gathered_bytes == 0
+
+
+def _spy_on_sums(monkeypatch) -> list:
+    """[bytes of the round's tensor sums (not the scalars) when they are all-reduced, the updates gathered]."""
+    held = [0, 0]
+    all_reduce = RoundSums.all_reduce
+
+    def spy(self, gather=False):
+        held[0] = max(held[0], sum(v.numel() * v.element_size() for v in self._sums.values() if v.ndim > 0))
+        held[1] = max(held[1], sum(t.numel() * t.element_size() for _, d in self.gathered for t in d.values()))
+        return all_reduce(self, gather)
+
+    monkeypatch.setattr(RoundSums, "all_reduce", spy)
+    return held
+
+
+@pytest.mark.parametrize("server_rule", ["fedex_lora", "median"])
+def test_the_plan_counts_the_products_and_gathered_updates_the_round_holds(tmp_path, tokenizer, sft, monkeypatch,
+                                                                            server_rule):
+    """FedEx-LoRA: every client sends its dense (out x in) B A per adapted layer, summed in float64; a robust
+    rule gathers every participant's fp32 update. Both measured on the round's RoundSums."""
+    held = _spy_on_sums(monkeypatch)
+    trainer = _trainer(tmp_path, tokenizer, sft, algorithm="fedavg", server_rule=server_rule, local_steps=1)
+    trainer.train()
+    plan, lora = trainer.memory_plan, trainer.plan.trained()
+    lora_elements = sum(p.numel() for p in lora.values())
+    # LoRA r=4 on q_proj and v_proj (64 x 64) of 2 layers: four 64 x 64 products
+    products = 4 * 64 * 64 if server_rule == "fedex_lora" else 0
+    assert plan.product_bytes == 4 * products
+    # measured: dx, AdamW's Theta (exp_avg_sq) and the products; planned with the whole AdamW state for Theta
+    assert held[0] == 8 * (2 * lora_elements + products)
+    assert plan.round_sums_bytes == 2 * (4 * lora_elements + 8 * lora_elements + 4 * len(lora) + 4 * products)
+    gathered = 4 * 4 * lora_elements if server_rule == "median" else 0  # 4 clients x fp32
+    assert plan.gathered_bytes == gathered == held[1]
 
 
 def test_a_client_state_budget_caps_the_store_row(tmp_path, tokenizer, sft):
@@ -86,7 +129,7 @@ def test_a_bad_budget_is_refused_by_the_config(tmp_path):
         FederatedConfig(output_dir=str(tmp_path), memory_budget_gb=0)
 
 
-def _saved_for_backward(model, batch) -> int:
+def _saved_for_backward(model, batch, autocast: bool = False) -> int:
     """Bytes of every tensor autograd keeps for the backward (each storage once, the model's weights excluded)."""
     weights = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     seen = {}
@@ -97,7 +140,8 @@ def _saved_for_backward(model, batch) -> int:
             seen[pointer] = t.untyped_storage().nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         loss = model(**batch).loss
     loss.backward()
     return sum(seen.values())
@@ -119,3 +163,27 @@ def test_the_activation_formula_matches_what_autograd_keeps(checkpointing):
     estimate = activation_elements_per_token(model.config, checkpointing, 5000) * 4 * ids.numel()
     recomputed = (8 * 96 + 4 * 192) * 4 * ids.numel() if checkpointing else 0
     assert estimate - recomputed == pytest.approx(measured, rel=0.02)  # measured: 0.998 and 0.999
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_plan_bounds_what_autograd_keeps_under_bf16_autocast_of_an_fp32_model(autocast):
+    """The usual peft/trl setup: an fp32 model under bf16 autocast keeps more than half of the fp32 bytes, not
+    less (fp32 norms and log-softmax beside bf16 copies of the matmuls' inputs and of the frozen weights). The
+    plan (activations at the parameter size, plus the autocast weight copies) must be at least the measurement
+    and at most 25% above it; in fp32 within 2%."""
+    model = get_peft_model(tiny_llama(5000, hidden_size=96, num_layers=3),
+                           LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                                      task_type=TaskType.CAUSAL_LM))
+    model.train()
+    ids = torch.randint(0, 5000, (3, 50), generator=torch.Generator().manual_seed(0))
+    measured = _saved_for_backward(model, {"input_ids": ids, "labels": ids}, autocast)
+    per_token = 3 * (8 * 96 + 4 * 192) + 5000 + 96  # by hand: L (8 h + 4 i) + V + h
+    # the frozen linear weights a bf16 copy is made of: 3 layers x (4 x 96 x 96 + 3 x 96 x 192), and lm_head
+    weights = 3 * (4 * 96 * 96 + 3 * 96 * 192) + 5000 * 96
+    plan = per_token * 4 * ids.numel() + autocast_copy_bytes(model, autocast)
+    assert autocast_copy_bytes(model, autocast) == (2 * weights if autocast else 0)
+    if autocast:
+        assert measured <= plan <= 1.25 * measured  # measured: plan = 1.14 x what autograd keeps
+        assert measured > 1.05 * per_token * 2 * ids.numel()  # the old 2-bytes plan was below the measurement
+    else:
+        assert plan == pytest.approx(measured, rel=0.02)

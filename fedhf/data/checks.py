@@ -11,7 +11,6 @@ from typing import Iterable, List, Optional
 
 import datasets
 import torch
-from transformers import PretrainedConfig
 
 LABEL_COLUMNS = ("label", "labels", "label_ids")
 
@@ -30,16 +29,18 @@ def label_columns(dataset: datasets.Dataset, label_names: Optional[Iterable[str]
 
 
 def _num_labels(model) -> Optional[int]:
-    """The classification head's size, for transformers classifiers (peft models forward it). Other models (a
-    causal LM's config also says num_labels=2) have no head a class column must fit: a 'label' column there is
-    e.g. the category an SFT dataset is split by."""
+    """The number of classes the model declares (``config.num_labels``, i.e. ``len(config.id2label)``), for any
+    model whose output is that label space, whatever its class is called. A model with an output embedding (a
+    causal or masked LM, a seq2seq model: its config also says num_labels=2 by default) predicts tokens, so a class
+    column there is e.g. the category an SFT dataset is split by; regression and multi-label heads take floats."""
     from peft import PeftModel
+    from transformers import PreTrainedModel
 
     base = model.get_base_model() if isinstance(model, PeftModel) else model
-    if not type(base).__name__.endswith("Classification"):
-        return None
-    config = getattr(model, "config", None)  # plain torch modules have none: nothing to check against
-    if not isinstance(config, PretrainedConfig) or config.problem_type in ("regression", "multi_label_classification"):
+    if not isinstance(base, PreTrainedModel) or base.get_output_embeddings() is not None:
+        return None  # a plain torch module declares no label space; a token predictor's labels are token ids
+    config = base.config
+    if config.problem_type in ("regression", "multi_label_classification") or not config.num_labels:
         return None
     return config.num_labels if config.num_labels > 1 else None
 
@@ -109,3 +110,26 @@ def check_datasets(model, args, train_dataset, eval_dataset, compute_metrics, si
                              "would never run: add the labels (a 'label' column), or pass compute_metrics=None.")
         for column in labels:
             _check_label_values(data, column, name, num_labels)
+
+
+def check_evaluation_set(args, eval_dataset, callbacks) -> None:
+    """Settings that act on evaluation results, refused when there is no ``eval_dataset`` to evaluate: without one
+    the round loop never evaluates, so they would silently do nothing (the best round is never picked, early
+    stopping never triggers, round 0 is never scored)."""
+    if eval_dataset is not None:
+        return
+    from transformers import EarlyStoppingCallback
+
+    from ..metrics.generation import GenerationEvalCallback
+
+    needs = [f"`{name}`" for name, wanted in (
+        ("load_best_model_at_end=True", args.load_best_model_at_end),
+        (f"metric_for_best_model={args.metric_for_best_model!r}", args.metric_for_best_model is not None),
+        (f"eval_strategy={args.eval_strategy_given!r}", args.eval_strategy_given in ("steps", "epoch")),
+        ("eval_on_start=True", args.eval_on_start and not args.personalized_eval)) if wanted]
+    needs += [f"the callback {type(c).__name__}" for c in callbacks
+              if isinstance(c, (EarlyStoppingCallback, GenerationEvalCallback))]
+    if needs:
+        raise ValueError(f"No `eval_dataset` was given, so the run never evaluates, but these act on evaluation "
+                         f"results: {', '.join(needs)}. Pass `eval_dataset=` (e.g. a held-out split of your data), "
+                         "or remove them.")
