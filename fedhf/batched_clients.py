@@ -127,7 +127,12 @@ def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]],
     for key in keys:
         tensors = [b[key] for b in batches]
         if not torch.is_tensor(tensors[0]):
-            raise ValueError(f"batched clients need tensor columns; `{key}` is {type(tensors[0]).__name__}.")
+            # a forward flag (the packing collator's use_cache=False) holds for the whole pass if every client agrees
+            if any(t != tensors[0] for t in tensors[1:]):
+                raise ValueError(f"batched clients need one value of the non-tensor column `{key}` for every client "
+                                 f"(got {tensors}); use batched_clients=1.")
+            out[key] = tensors[0]
+            continue
         length = max(t.shape[1] for t in tensors) if tensors[0].ndim >= 2 else None
         if length is not None and any(t.shape[1] != length for t in tensors):
             if "attention_mask" not in keys:

@@ -132,6 +132,17 @@ def test_concatenation_pads_on_the_right_with_the_pad_id_and_records_each_client
         concat_batches([a, b])
 
 
+def test_a_forward_flag_all_clients_share_passes_through_and_a_disagreement_is_refused():
+    """The packing collator (fedhf.data.sft) adds ``use_cache=False`` to every batch (without it transformers
+    would let packed documents attend to each other): the one shared pass gets it once."""
+    rows = {"input_ids": torch.tensor([[5, 6]]), "labels": torch.tensor([[5, 6]]),
+            "position_ids": torch.tensor([[0, 1]])}
+    batch, _ = concat_batches([{**rows, "use_cache": False}, {**rows, "use_cache": False}])
+    assert batch["use_cache"] is False and batch["position_ids"].tolist() == [[0, 1], [0, 1]]
+    with pytest.raises(ValueError, match="use_cache"):
+        concat_batches([{**rows, "use_cache": False}, {**rows, "use_cache": True}])
+
+
 def test_a_decoder_classifier_with_a_non_zero_pad_id_trains_the_same_together(tmp_path, tokenizer):
     """LlamaForSequenceClassification pools the rightmost token that is not ``config.pad_token_id``; padding a
     shorter client's rows with anything else would pool a padding position. Pad here is [SEP] (id 102)."""
