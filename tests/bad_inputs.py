@@ -262,6 +262,13 @@ BAD_INPUTS = [
         _lora_tweets(server_rule="flexlora", lora_client_ranks=[2, 4, 8, 16])),
     Bad("`lora_client_ranks` with a rule that averages A and B (`server_rule='mean'`)", "lora_client_ranks",
         _lora_tweets(lora_client_ranks=[2, 4, 8, 8])),
+    Bad("`lora_client_ranks` with a state sync that averages the optimizer state (`state_sync='average_warmstart'`)",
+        "state_sync", _lora_tweets(server_rule="flexlora", state_sync="average_warmstart",
+                                   lora_client_ranks=[2, 4, 8, 8])),
+    Bad("a rule that rebuilds LoRA A and B every round (`server_rule='flexlora'`) with a stateful correction "
+        "(`algorithm='scaffold'`)", "server_rule", _cfg(algorithm="scaffold", server_rule="flexlora")),
+    Bad("`server_rule='fedsvd'` with a state sync that carries the optimizer state (`state_sync='average_warmstart'`)",
+        "state_sync", _cfg(algorithm="fedavg", server_rule="fedsvd", state_sync="average_warmstart")),
     Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
         "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
                                                eval_every_rounds=1, metric_for_best_model="loss")),

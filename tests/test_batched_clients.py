@@ -235,4 +235,5 @@ def test_trls_sft_trainer_with_batched_clients_is_refused_naming_the_fix(tmp_pat
     model = get_peft_model(tiny_llama(len(tokenizer)), LoraConfig(r=2, target_modules=["q_proj"],
                                                                   task_type=TaskType.CAUSAL_LM))
     with pytest.raises(ValueError, match="compute_loss.*SFTTrainer.*batched_clients=1"):
-        FederatedSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+        # a copy: trl sets the eos_token on the tokenizer it is given (the session's tokenizer is shared)
+        FederatedSFTTrainer(model=model, args=args, train_dataset=data, processing_class=copy.deepcopy(tokenizer))

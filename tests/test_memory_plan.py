@@ -72,10 +72,10 @@ def _spy_on_sums(monkeypatch) -> list:
     held = [0, 0]
     all_reduce = RoundSums.all_reduce
 
-    def spy(self, gather=False):
+    def spy(self, gather=False, **kwargs):
         held[0] = max(held[0], sum(v.numel() * v.element_size() for v in self._sums.values() if v.ndim > 0))
         held[1] = max(held[1], sum(t.numel() * t.element_size() for _, d in self.gathered for t in d.values()))
-        return all_reduce(self, gather)
+        return all_reduce(self, gather, **kwargs)
 
     monkeypatch.setattr(RoundSums, "all_reduce", spy)
     return held
