@@ -20,6 +20,10 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 * client products -- those rules' one client's dense products in fp32 while its message is formed.
 * gathered updates -- robust rules that gather (median, trimmed mean, Krum...) keep every participant's update:
   ``clients_per_round`` x the fp32 trainable tensors.
+* best round -- with ``load_best_model_at_end``, the fp32 copy of the best round's global model (shared tensors,
+  averaged buffers and the global personal part) kept until the end.
+* merged copy at save -- rules that fold into the base (FedEx-LoRA, FLoRA) save the full model with the adapter
+  merged, built on a copy of the model (fedhf/run_outputs.py): one more model while a checkpoint is written.
 * activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
 * autocast copies -- under bf16/fp16 autocast of a wider model, the half-precision weight copies the forward keeps.
 * loss transient -- around a causal LM's loss the step briefly holds more logits-sized tensors than autograd saves
@@ -85,6 +89,8 @@ class MemoryPlan:
     product_bytes: int = 0
     gathered_bytes: int = 0
     autocast_copy_bytes: int = 0
+    best_round_bytes: int = 0
+    merged_copy_bytes: int = 0
     notes: list = field(default_factory=list)
 
     @property
@@ -117,7 +123,8 @@ class MemoryPlan:
                 "gradients": self.gradient_bytes, "optimizer state": self.optimizer_bytes,
                 "run state": self.run_state_bytes, "client store": self.client_store_bytes,
                 "round sums": self.round_sums_bytes, "client products": self.product_bytes,
-                "gathered updates": self.gathered_bytes,
+                "gathered updates": self.gathered_bytes, "best round": self.best_round_bytes,
+                "merged copy at save": self.merged_copy_bytes,
                 "activations": self.activation_bytes, "autocast copies": self.autocast_copy_bytes,
                 "loss transient": self.transient_bytes}
 
@@ -139,14 +146,16 @@ class MemoryPlan:
             "round sums": "float64 sums of the round's client messages",
             "client products": "a client's dense LoRA products B A (fp32)" if self.product_bytes else "none",
             "gathered updates": "every participant's update (fp32)" if self.gathered_bytes else "none",
+            "best round": "the best round's global model (fp32)" if self.best_round_bytes else "none",
+            "merged copy at save": "the model copy a merged save builds" if self.merged_copy_bytes else "none",
             "activations": "not estimated" if self.activation_bytes_per_client is None
             else f"{_mb(self.activation_bytes_per_client)} x {self.clients_at_once}",
             "autocast copies": "half-precision weight copies, once per forward" if self.autocast_copy_bytes
             else "none",
             "loss transient": f"{_mb(self.transient_bytes_per_client)} x {self.clients_at_once}",
         }
-        lines = ["fedhf memory plan"] + [f"  {name:<18}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
-        lines.append(f"  {'total':<18}{_mb(self.total_bytes):>12}")
+        lines = ["fedhf memory plan"] + [f"  {name:<20}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
+        lines.append(f"  {'total':<20}{_mb(self.total_bytes):>12}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
@@ -252,7 +261,10 @@ def plan_memory(trainer, run) -> MemoryPlan:
         else int(args.client_state_budget_mb * 2**20),
         activation_bytes_per_client=activations, transient_bytes_per_client=transient,
         round_sums_bytes=sums, product_bytes=products, gathered_bytes=gathered,
-        autocast_copy_bytes=autocast_copy_bytes(model, args.bf16 or args.fp16), notes=notes)
+        autocast_copy_bytes=autocast_copy_bytes(model, args.bf16 or args.fp16),
+        best_round_bytes=4 * sum(t.numel() for group in (run.global_params, run.global_buffers, trainer.plan.personal)
+                                 for t in group.values()) if args.load_best_model_at_end else 0,
+        merged_copy_bytes=sum(model_bytes(model).values()) if trainer.base_fold.layers else 0, notes=notes)
 
 
 def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:

@@ -22,13 +22,13 @@ def sft(tokenizer):
     return tweet_sft(tokenizer, n_train=48, n_test=8, max_length=40)
 
 
-def _trainer(tmp_path, tokenizer, sft, **overrides):
+def _trainer(tmp_path, tokenizer, sft, eval_dataset=None, **overrides):
     settings = dict(algorithm="scaffold", local_optimizer="adamw", num_clients=4, clients_per_round=4, num_rounds=1,
                     local_steps=2, per_device_train_batch_size=4, partition="iid", learning_rate=1e-3,
                     partition_report=False)
     settings.update(overrides)
     return FederatedTrainer(model=tiny_llama_lora(len(tokenizer)), args=config(tmp_path, **settings),
-                            train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+                            train_dataset=sft["train"], eval_dataset=eval_dataset, data_collator=SFTCollator(tokenizer))
 
 
 @pytest.mark.parametrize("batched", [1, 2])
@@ -99,6 +99,21 @@ def test_the_plan_counts_the_products_and_gathered_updates_the_round_holds(tmp_p
     assert plan.round_sums_bytes == 2 * (4 * lora_elements + 8 * lora_elements + 4 * len(lora) + 4 * products)
     gathered = 4 * 4 * lora_elements if server_rule == "median" else 0  # 4 clients x fp32
     assert plan.gathered_bytes == gathered == held[1]
+
+
+def test_the_plan_counts_the_best_round_and_the_merged_copy_a_save_makes(tmp_path, tokenizer, sft):
+    """The best round's fp32 global model is kept to the end; FedEx-LoRA saves a merged copy of the model."""
+    best = _trainer(tmp_path / "best", tokenizer, sft, eval_dataset=sft["test"], algorithm="fedavg",
+                    load_best_model_at_end=True, metric_for_best_model="loss", eval_every_rounds=1, local_steps=1)
+    best.train()
+    lora_elements = sum(p.numel() for p in best.plan.trained().values())  # LoRA A and B only (fp32: 4 bytes)
+    assert best.memory_plan.best_round_bytes == 4 * lora_elements and best.memory_plan.merged_copy_bytes == 0
+    fedex = _trainer(tmp_path / "fedex", tokenizer, sft, algorithm="fedavg", server_rule="fedex_lora", local_steps=1)
+    fedex.train()
+    copy = fedex.published_model()  # what a save builds: measured, each storage once (tied embeddings)
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in copy.state_dict().values()}
+    assert sum(held.values()) <= fedex.memory_plan.merged_copy_bytes <= 1.05 * sum(held.values())
+    assert fedex.memory_plan.best_round_bytes == 0
 
 
 def test_a_client_state_budget_caps_the_store_row(tmp_path, tokenizer, sft):
