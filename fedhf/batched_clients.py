@@ -119,7 +119,8 @@ def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]],
                    pad_id: int = 0) -> Tuple[Dict[str, torch.Tensor], Routing]:
     """One batch of the clients' batches, client-major; columns of different lengths padded on the right
     (``input_ids`` with ``pad_id``, the model's pad token (:func:`model_pad_id`), labels with -100, the attention
-    mask and any other column with 0), which needs an attention mask."""
+    mask and any other column with 0), which needs an attention mask, or packed rows' ``position_ids``: a padding
+    token at position 0 starts a document of its own, attends only to itself and carries no label."""
     keys = list(batches[0])
     if any(list(b) != keys for b in batches):
         raise ValueError("batched clients need batches with the same columns.")
@@ -135,8 +136,9 @@ def concat_batches(batches: Sequence[Mapping[str, torch.Tensor]],
             continue
         length = max(t.shape[1] for t in tensors) if tensors[0].ndim >= 2 else None
         if length is not None and any(t.shape[1] != length for t in tensors):
-            if "attention_mask" not in keys:
-                raise ValueError("batched clients pad rows to one length, which needs an `attention_mask` column.")
+            if "attention_mask" not in keys and "position_ids" not in keys:
+                raise ValueError("batched clients pad rows to one length, which needs an `attention_mask` column "
+                                 "(or packed rows' per-document `position_ids`).")
             fill = pad_id if key == "input_ids" else PAD_VALUES.get(key, 0)
             tensors = [F.pad(t, (0, 0) * (t.ndim - 2) + (0, length - t.shape[1]), value=fill) for t in tensors]
         out[key] = torch.cat(tensors)

@@ -24,7 +24,7 @@ class TrainedPart:
     and a rank component a client zeroes is a truncation, not a step.
 
     * ``frozen``: tensors no client trains this round (RoLoRA's other factor, FedSVD's A).
-    * ``masks``: tensors trained in part, 1.0 on the trained entries, broadcastable to the tensor
+    * ``masks``: tensors trained in part, 1.0 on the trained entries, broadcastable to the tensor (on its device)
       (``lora_client_ranks``: A[:r_i, :] and B[:, :r_i]). Every client has a mask for such a tensor (all ones for
       a client of full rank), so every client sends the same keys.
 
@@ -39,14 +39,14 @@ class TrainedPart:
         if name in self.frozen:
             return torch.zeros_like(tensor)
         mask = self.masks.get(name)
-        return tensor if mask is None else tensor * mask.to(device=tensor.device, dtype=tensor.dtype)
+        return tensor if mask is None else tensor * mask.to(tensor.dtype)
 
     def keep_untrained(self, name: str, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """``new`` on the trained entries and ``old`` elsewhere: per-client state a round did not measure stays."""
         if name in self.frozen:
             return old
         mask = self.masks.get(name)
-        return new if mask is None else torch.where(mask.to(new.device).bool(), new, old)
+        return new if mask is None else torch.where(mask.bool(), new, old)
 
 
 @dataclass

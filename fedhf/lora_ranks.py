@@ -73,16 +73,17 @@ class ClientRanks:
     def __init__(self, ranks: Sequence[int], params: Dict[str, torch.nn.Parameter]) -> None:
         self.ranks = [int(r) for r in ranks]
         self.pairs = {params[a]: params[b] for a, b in lora_pairs(params).items()}
-        # the (A, B) names and ranks of the layers some client truncates
-        self._truncated = {(a, b): params[a].shape[0] for a, b in lora_pairs(params).items()
+        # the (A, B) names, rank and device of the layers some client truncates: masks and counts live on the
+        # device of the tensors they describe (a CUDA op takes no CPU tensor of shape (r, 1))
+        self._truncated = {(a, b): (params[a].shape[0], params[a].device) for a, b in lora_pairs(params).items()
                            if min(self.ranks) < params[a].shape[0]}
-        counts = {pair: sum(self._components(r, rank) for r in self.ranks) for pair, rank in self._truncated.items()}
+        counts = {pair: sum(self._components(r, *layer) for r in self.ranks) for pair, layer in self._truncated.items()}
         # a component no client trains gets 1: nothing is added to it, and nothing is divided by zero
         self._trainers = self._by_name({pair: c.clamp(min=1.0) for pair, c in counts.items()})
 
     @staticmethod
-    def _components(r: int, rank: int) -> torch.Tensor:
-        return (torch.arange(rank) < r).float()
+    def _components(r: int, rank: int, device: torch.device) -> torch.Tensor:
+        return (torch.arange(rank, device=device) < r).float()
 
     @staticmethod
     def _by_name(per_pair: Dict[tuple, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -95,7 +96,7 @@ class ClientRanks:
     def masks(self, client_id: int) -> Dict[str, torch.Tensor]:
         """1.0 on the components client i trains, for every layer some client truncates (all ones at full rank)."""
         r = self.ranks[client_id]
-        return self._by_name({pair: self._components(r, rank) for pair, rank in self._truncated.items()})
+        return self._by_name({pair: self._components(r, *layer) for pair, layer in self._truncated.items()})
 
     def trainers(self) -> Dict[str, torch.Tensor]:
         """How many of the N clients train each component of a truncated layer (for ServerContext.trainers)."""

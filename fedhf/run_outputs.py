@@ -60,11 +60,15 @@ class RunOutputs:
         if not self.args.should_save:
             return None
         os.makedirs(output_dir, exist_ok=True)
-        self.published_model().save_pretrained(output_dir, safe_serialization=True)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
+        self._write_published(output_dir)
         torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
         return None
+
+    def _write_published(self, directory: str) -> None:
+        """:meth:`published_model` as safetensors, with the tokenizer/processor."""
+        self.published_model().save_pretrained(directory, safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(directory)
 
     def _write_card(self, directory: str, latest: bool = False) -> None:
         """The card of the resident model: the best round's when ``load_best_model_at_end`` loaded it, else (and
@@ -105,9 +109,7 @@ class RunOutputs:
         """The global model as ``save_model`` writes it (:meth:`published_model`: a peft adapter, full weights, or
         the merged model of a rule that folds into the base) as safetensors, with its tokenizer/processor; unlike
         ``save_model`` it writes no pickled training_args.bin."""
-        self.published_model().save_pretrained(os.path.join(directory, "model"), safe_serialization=True)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(os.path.join(directory, "model"))
+        self._write_published(os.path.join(directory, "model"))
         self._write_card(os.path.join(directory, "model"), latest=True)
 
     def _gather_client_store(self) -> Dict[str, torch.Tensor]:

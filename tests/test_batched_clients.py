@@ -132,6 +132,34 @@ def test_concatenation_pads_on_the_right_with_the_pad_id_and_records_each_client
         concat_batches([a, b])
 
 
+def test_packed_batches_of_different_widths_pad_as_documents_of_their_own():
+    """Packed rows (no attention mask): input_ids with the pad id, labels with -100, position_ids with 0, so each
+    padding token starts a document that attends only to itself and carries no label."""
+    a = {"input_ids": torch.tensor([[5, 6, 7]]), "labels": torch.tensor([[-100, 6, 7]]),
+         "position_ids": torch.tensor([[0, 1, 0]]), "use_cache": False}
+    b = {"input_ids": torch.tensor([[8]]), "labels": torch.tensor([[8]]), "position_ids": torch.tensor([[0]]),
+         "use_cache": False}
+    batch, routing = concat_batches([a, b], pad_id=102)
+    assert routing.segments == [(0, 1), (1, 2)] and "attention_mask" not in batch
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 102, 102]]
+    assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert batch["position_ids"].tolist() == [[0, 1, 0], [0, 0, 0]]
+
+
+def test_packed_sft_clients_together_equal_clients_one_by_one(tmp_path, tokenizer):
+    """Packing per category leaves each category's last block short: a client holding one gets a narrower batch
+    than the others in its shared pass."""
+    from fedhf.data.sft import tokenize_sft
+    from fedhf.demo_data import load_tweet_instructions, subsample
+
+    packed = {"train": tokenize_sft(subsample(load_tweet_instructions()["train"], 16), tokenizer, max_length=64,
+                                    packing=True, group_column="label")}
+    assert len({len(ids) for ids in packed["train"]["input_ids"]}) > 1  # blocks of different widths
+    overrides = dict(num_clients=4, clients_per_round=4, per_device_train_batch_size=1, local_steps=2, num_rounds=1)
+    _assert_same_run(_llm_run(tmp_path, tokenizer, packed, 1, **overrides),
+                     _llm_run(tmp_path, tokenizer, packed, 2, **overrides))
+
+
 def test_a_forward_flag_all_clients_share_passes_through_and_a_disagreement_is_refused():
     """The packing collator (fedhf.data.sft) adds ``use_cache=False`` to every batch (without it transformers
     would let packed documents attend to each other): the one shared pass gets it once."""

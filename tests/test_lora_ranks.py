@@ -156,3 +156,17 @@ def test_mixed_ranks_refuse_an_averaged_optimizer_state(tokenizer, sft, tmp_path
                   lora_client_ranks=[1, RANK, RANK], algorithm="fedpac_muon")
     with pytest.raises(ValueError, match="state_sync='average_warmstart'.*persist_local"):
         FederatedTrainer(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+
+
+def test_masks_and_counts_live_on_the_parameters_device():
+    """On a GPU the corrections multiply and divide the parameters' sums by these (r, 1)/(1, r) tensors, and a CUDA
+    op takes no CPU tensor of that shape: they are built where the parameters are (here the meta device)."""
+    from fedhf.lora_ranks import ClientRanks
+
+    a, b = "layer.lora_A.default.weight", "layer.lora_B.default.weight"
+    params = {a: torch.nn.Parameter(torch.empty(4, 8, device="meta")),
+              b: torch.nn.Parameter(torch.empty(8, 4, device="meta"))}
+    ranks = ClientRanks([2, 4], params)
+    tensors = [*ranks.masks(0).values(), *ranks.masks(1).values(), *ranks.trainers().values()]
+    assert len(tensors) == 6 and all(t.device.type == "meta" for t in tensors)
+    assert ranks.masks(0)[a].shape == (4, 1) and ranks.trainers()[b].shape == (1, 4)

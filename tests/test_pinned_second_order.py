@@ -204,8 +204,8 @@ def test_sophia_family(tmp_path, name, beta, policy, options):
 
 def test_fedlada(tmp_path):
     """Adam, coupled wd 1e-3, at eta_r (1 - 0.9); v averaged and warm-started, m reset; then
-    x <- x - 0.9 eta_r g_G (ALGORITHMS.md 2.7). Round 1 (no v carried yet) is bias-corrected Adam, later rounds
-    (v warm-started) are not, as in the FedAdamW code's FedLADA."""
+    x <- x - 0.9 eta_r g_G, g_G = -(the last round's mean Delta) / (K eta_r) (Sun et al., 2023). Round 1 (no v
+    carried yet) is bias-corrected Adam, later rounds (v warm-started) are not, as in the FedAdamW code's FedLADA."""
     K, beta, b1, b2, eps, wd = 2, 0.9, 0.9, 0.999, 1e-8, 1e-3
     mix, vbar, finals_v = GlobalDirection(K), {}, {}
 

@@ -30,15 +30,20 @@ def label_columns(dataset: datasets.Dataset, label_names: Optional[Iterable[str]
 
 def _num_labels(model) -> Optional[int]:
     """The number of classes the model declares (``config.num_labels``, i.e. ``len(config.id2label)``), for any
-    model whose output is that label space, whatever its class is called. A model with an output embedding (a
-    causal or masked LM, a seq2seq model: its config also says num_labels=2 by default) predicts tokens, so a class
-    column there is e.g. the category an SFT dataset is split by; regression and multi-label heads take floats."""
+    model whose output is that label space, whatever its class is called. Not checked (their config also says
+    num_labels=2 by default): a model with an output embedding (a causal or masked LM, a seq2seq model) predicts
+    tokens, so a class column there is e.g. the category an SFT dataset is split by; a headless model (BertModel,
+    CLIPModel: its base model is itself) has no label space, its class column only feeds the split; a
+    multiple-choice model's labels index the choices of each row. Regression and multi-label heads take floats."""
     from peft import PeftModel
     from transformers import PreTrainedModel
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES
 
     base = model.get_base_model() if isinstance(model, PeftModel) else model
-    if not isinstance(base, PreTrainedModel) or base.get_output_embeddings() is not None:
-        return None  # a plain torch module declares no label space; a token predictor's labels are token ids
+    if not isinstance(base, PreTrainedModel) or base.get_output_embeddings() is not None or base.base_model is base:
+        return None  # a plain module or a headless model declares no label space; a token predictor's are token ids
+    if type(base).__name__ in MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES.values():
+        return None  # labels index each row's choices
     config = base.config
     if config.problem_type in ("regression", "multi_label_classification") or not config.num_labels:
         return None

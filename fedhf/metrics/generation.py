@@ -59,13 +59,17 @@ def cut_prompt(ids: List[int], max_tokens: Optional[int], bos: List[int]) -> Lis
     return head + ids[len(ids) - (max_tokens - len(head)):]
 
 
+def _check_max_prompt_tokens(max_prompt_tokens: Optional[int]) -> None:
+    if max_prompt_tokens is not None and max_prompt_tokens < 2:
+        raise ValueError(f"`max_prompt_tokens` must be >= 2 (BOS and a prompt token) or None, got {max_prompt_tokens}.")
+
+
 @torch.no_grad()
 def generate_answers(model, tokenizer, prompts: Sequence[Prompt], max_new_tokens: int = 3, batch_size: int = 32,
                      max_prompt_tokens: Optional[int] = None) -> List[str]:
     """Greedy continuations of ``prompts`` (:func:`prompt_ids`), left-padded so every row generates from its last
     token. ``max_prompt_tokens`` (default: no cut) keeps a long prompt's BOS and its end."""
-    if max_prompt_tokens is not None and max_prompt_tokens < 2:
-        raise ValueError(f"`max_prompt_tokens` must be >= 2 (BOS and a prompt token) or None, got {max_prompt_tokens}.")
+    _check_max_prompt_tokens(max_prompt_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     was_training, outputs = model.training, []
@@ -93,8 +97,7 @@ class GenerationEvalCallback(TrainerCallback):
                  max_new_tokens: int = 3, max_prompt_tokens: Optional[int] = None) -> None:
         if len(prompts) != len(answers):
             raise ValueError("GenerationEvalCallback needs as many answers as prompts (none: perplexity only).")
-        if max_prompt_tokens is not None and max_prompt_tokens < 2:
-            raise ValueError(f"`max_prompt_tokens` must be >= 2 or None, got {max_prompt_tokens}.")
+        _check_max_prompt_tokens(max_prompt_tokens)  # before training, not at the first evaluation
         for prompt in prompts:
             prompt_ids(tokenizer, prompt)  # a chat without a chat template is refused here, before training
         self.tokenizer, self.prompts, self.answers = tokenizer, list(prompts), list(answers)

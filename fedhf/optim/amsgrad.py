@@ -1,7 +1,7 @@
 """Adam without bias correction, with the AMSGrad max: the local optimizer of FAdamET and FAdamGT.
 
 Chen et al., 2025, "Parameter Tracking in Federated Learning with Adaptive Optimization" (arXiv 2502.02727,
-Algorithm 1 lines 13-16; ALGORITHMS.md 1.7, 2.13)::
+Algorithm 1 lines 13-16)::
 
     g <- g + lambda p                               (coupled weight decay, tiny: 1e-8)
     m <- b1 m + (1 - b1) g ;  v <- b2 v + (1 - b2) g*g
@@ -12,10 +12,11 @@ There is no bias correction: the moments are meant to carry over between rounds,
 the correction removes does not exist after round 0.
 
 Theta (what persists across rounds) is ``max_exp_avg_sq`` (v_hat) with AMSGrad, else ``exp_avg_sq`` (v).
-FAdam persists v_hat per client; ALGORITHMS.md 5.11 reads Algorithm 1 line 8 as "v and v_hat initialised from
+FAdam persists v_hat per client; we read its Algorithm 1 line 8 as "v and v_hat initialised from
 the persisted v_i", so :meth:`import_theta` starts *both* v and v_hat from the imported v_hat. The first moment m
 is never Theta and starts at 0 every round. With ``amsgrad=False`` this is the Adam of FedLADA's baseline
-(Sun et al., 2023; ALGORITHMS.md 2.7: v averaged and warm-started).
+(Sun et al., 2023, as the FedAdamW code runs it: v averaged over the clients and warm-started each round, m
+reset).
 
 ``fresh_bias_correction=True`` (FedLADA's default) bias-corrects the steps of a parameter whose v was *not*
 imported, i.e. while there is no carried state (the first round): m / (1 - b1^t) over sqrt(v / (1 - b2^t)) + eps,
@@ -64,7 +65,7 @@ def bias_corrected_direction(grad: torch.Tensor, state, beta1: float, beta2: flo
 
 
 class AMSGradNoBias(FederatedOptimizer):
-    """Adam without bias correction, AMSGrad max on by default (ALGORITHMS.md 1.7).
+    """Adam without bias correction, AMSGrad max on by default (Chen et al., 2025).
 
     Defaults are FAdam's (sec. 6.1): lr 1e-3, betas (0.9, 0.99), eps 1e-8, weight decay 1e-8.
     """
@@ -88,7 +89,8 @@ class AMSGradNoBias(FederatedOptimizer):
         return copies(params, 3 if amsgrad else 2, state_dtype)  # m, v (+ v_hat)
 
     def import_theta(self, theta: Mapping[str, torch.Tensor]) -> None:
-        """Warm start: with AMSGrad, v starts from the imported v_hat too (ALGORITHMS.md 5.11)."""
+        """Warm start: with AMSGrad, v starts from the imported v_hat too (FAdam's Algorithm 1 line 8,
+        read as the module docstring says)."""
         super().import_theta(theta)
         if self.amsgrad:
             by_name = dict(self.named_params())

@@ -98,3 +98,12 @@ def test_the_callback_passes_max_prompt_tokens(bos_tokenizer):
             SimpleNamespace(per_device_eval_batch_size=2), None, None, model=model, metrics=metrics)
         assert rows == [expected] and "eval_generation_accuracy" in metrics
         assert metrics["eval_perplexity"] == pytest.approx(math.e)
+
+
+def test_max_prompt_tokens_below_two_is_refused_by_the_callback_and_the_function(tokenizer):
+    """A cut prompt keeps its BOS and at least one prompt token: the callback refuses 1 when built (before any
+    training), ``generate_answers`` when called."""
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        GenerationEvalCallback(tokenizer, max_prompt_tokens=1)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        generate_answers(tiny_llama(len(tokenizer)), tokenizer, ["Tweet: good"], max_prompt_tokens=1)
