@@ -147,8 +147,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
 
     # ------------------------------------------------------------------ the round loop
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
-        """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-round-N`` folder, or True for the latest in
-        ``output_dir``; the resumed run ends with the same model as an uninterrupted one."""
+        """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-N`` folder (or an older run's
+        ``checkpoint-round-N``), or True for the latest in ``output_dir``; the resumed run ends with the same model
+        as an uninterrupted one."""
         args = self.args
         start = time.time()
         checkpoint = resolve_checkpoint(args.output_dir, resume_from_checkpoint)  # checked before any work starts

@@ -76,7 +76,7 @@ def test_fedsa_sends_only_a_and_head_and_each_b_persists_across_rounds(minilm, t
     a_name = next(n for n in seen[0, 0][0] if role_of(n) == LORA_A)
     assert all(torch.equal(seen[1, c][0][a_name], seen[1, 0][0][a_name]) for c in range(CLIENTS))  # A is global
     # nothing of B in the run's state: no dx, Theta, control variate or server state; only the client store has it
-    groups, _ = load_checkpoint(str(tmp_path / "run" / f"checkpoint-round-{ROUNDS}"))
+    groups, _ = load_checkpoint(str(tmp_path / "run" / f"checkpoint-{ROUNDS}"))
     for group, tensors in groups.items():
         in_b = [k for k in tensors if "lora_B" in k]
         if group == "client_store":
