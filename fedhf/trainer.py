@@ -182,6 +182,11 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             save_partition_report({**self.partition_summary, "algorithm": self.algorithm.describe()}, args.output_dir)
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
+        # the global personal part from the (restored) clients' tensors: a resumed run that has no round left
+        # evaluates and saves the finished run's model, not the initial personal tensors
+        weights = {c: self._client_weight(c) for c in range(args.num_clients)}
+        self.plan.load_global_personal(self.client_store, weights, run.personal_init, self.world.sends_messages,
+                                       self.model_device)
         self.base_fold.load(run.base_params)
         self.current_gradient_accumulation_steps = 1
         self.state.global_step = run.rounds_done
@@ -302,7 +307,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         load_into(buffers, run.global_buffers)
         # the global model: shared parts + the clients' weighted mean personal part (fedhf/sharing.py)
         weights = {c: self._client_weight(c) for c in range(args.num_clients)}
-        self.plan.load_global_personal(self.client_store, weights, run.personal_init, self.world.sends_messages)
+        self.plan.load_global_personal(self.client_store, weights, run.personal_init, self.world.sends_messages,
+                                       self.model_device)
         self.plan.end_round()
         self.base_fold.load(run.base_params)
         theta_sums = sums.within("sync")

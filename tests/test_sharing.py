@@ -101,6 +101,20 @@ def test_fedsa_personal_b_is_restored_after_checkpoint_resume(minilm, tweets, to
     assert all(torch.equal(p, whole_model[n]) for n, p in model.named_parameters())
 
 
+def test_resuming_a_finished_fedsa_run_holds_the_clients_mean_b_not_the_initial_one(minilm, tweets, tokenizer,
+                                                                                     tmp_path):
+    """Nothing is left to train, yet the model the resumed trainer evaluates and saves is the finished run's: its
+    personal part is the clients' weighted mean B (rebuilt from the restored client store), not peft's initial B = 0."""
+    kw = dict(parameter_sharing="fedsa", save_every_rounds=ROUNDS)
+    finished, _, _ = _run(minilm, tweets, tokenizer, tmp_path, trainer_class=FederatedTrainer, **kw)
+    model, _, output = _run(minilm, tweets, tokenizer, tmp_path, trainer_class=FederatedTrainer, resume=True, **kw)
+    assert output.global_step == ROUNDS
+    b_names = [n for n, _ in model.named_parameters() if role_of(n) == LORA_B]
+    assert b_names and all(torch.count_nonzero(p) > 0 for n, p in finished.named_parameters() if n in b_names)
+    theirs = dict(finished.named_parameters())
+    assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "fadam_gt"])
 def test_ffa_keeps_a_at_its_seeded_init_on_every_client_and_round(minilm, tweets, tokenizer, tmp_path, algorithm):
     model = lora_minilm(minilm, dropout=False)
