@@ -83,7 +83,8 @@ class RunOutputs:
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, run: RunState, best: BestRound) -> None:
         """output_dir/checkpoint-N (N = rounds done = ``state.global_step``, the name Trainer gives it): the run's
-        state (safetensors + JSON, checksummed, written atomically) with the best round and the fp16 loss scale, and the global model as ``save_model`` writes it, under model/."""
+        state (safetensors + JSON, checksummed, written atomically) with the best round and the fp16 loss scale,
+        and the global model as ``save_model`` writes it, under model/."""
         directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
         best_directory = (directory if self.state.best_global_step == run.rounds_done  # an older run's may be named
                           else round_folder(self.args.output_dir, self.state.best_global_step))  # checkpoint-round-N

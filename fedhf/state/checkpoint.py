@@ -123,5 +123,6 @@ def round_folder(output_dir: str, round_index: int) -> str:
 
 def latest_checkpoint(output_dir: str) -> Optional[str]:
     """The complete checkpoint with the highest round in ``output_dir`` (temporary folders are ignored)."""
-    complete = [name for _, name in round_folders(output_dir) if os.path.isfile(os.path.join(output_dir, name, MANIFEST))]
+    complete = [name for _, name in round_folders(output_dir)
+                if os.path.isfile(os.path.join(output_dir, name, MANIFEST))]
     return os.path.join(output_dir, complete[-1]) if complete else None
