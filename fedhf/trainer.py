@@ -278,6 +278,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             counted.add("downlink_bytes", downlink_each * len(chunk))
 
         sums.all_reduce(gather=algo.server_rule.gathers, device=self.model_device)  # the round's only communication
+        self.loss_scale.agree(self.world.size, self.model_device)  # fp16: one loss scale for all processes again
         total_weight = sums.scalar("w")
         if total_weight > 0:
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
