@@ -192,7 +192,7 @@ class FederatedConfig(TrainingArguments):
         default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})
     save_every_rounds: int = field(
         default=0,
-        metadata={"help": "Every N rounds write output_dir/checkpoint-round-N (the run's full state, to resume "
+        metadata={"help": "Every N rounds write output_dir/checkpoint-N (the run's full state, to resume "
                           "with train(resume_from_checkpoint=...), and the global model under model/); 0 = never."})
     overwrite_output_dir: bool = field(
         default=False,

@@ -17,6 +17,7 @@ from typing import List, Optional
 import yaml
 
 from .metrics.history import is_quality_metric
+from .state.checkpoint import PREFIX
 
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
 
@@ -223,13 +224,13 @@ def upload_operations(folder: str, path_in_repo: str = "") -> list:
 def push_round_checkpoint(args, repo_id: str, model_dir: str, round_index: int):
     """A round checkpoint's model (weights/adapter + card) to the Hub through ``HfApi.create_commit``, as
     ``hub_strategy`` says: 'end' pushes nothing here (push_to_hub() at the end does), 'every_save'/'checkpoint'
-    replace the repository's model with this round's, 'all_checkpoints' adds it under checkpoint-round-N/."""
+    replace the repository's model with this round's, 'all_checkpoints' adds it under checkpoint-N/."""
     from huggingface_hub import HfApi
 
     strategy = str(getattr(args.hub_strategy, "value", args.hub_strategy))
     if strategy == "end":
         return None
-    prefix = f"checkpoint-round-{round_index}" if strategy == "all_checkpoints" else ""
+    prefix = f"{PREFIX}{round_index}" if strategy == "all_checkpoints" else ""
     return HfApi(token=args.hub_token).create_commit(
         repo_id=repo_id, operations=upload_operations(model_dir, prefix), revision=args.hub_revision,
         commit_message=f"fedhf: global model after round {round_index}")

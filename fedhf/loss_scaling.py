@@ -21,6 +21,12 @@ SOAP's preconditioner schedule) are left as they were, as ``GradScaler.step`` le
 gradient is then cleared. Overflows happen in the first steps of a run, while S falls to a usable value; the
 scaler's state is one per run (it is accelerate's) and is kept in round checkpoints.
 
+Several processes that train different clients (torchrun without ``client_parallel``) each drive their own
+scaler, which sees only its own clients' overflows. After each round they agree on one state (:meth:`LossScale.agree`):
+the smallest scale of any process and the smallest growth count, so that no process keeps a scale another found to
+overflow, every process starts the next round from the same state, and the checkpoint's one copy (process 0's) is
+the run's. Under ``client_parallel`` every process steps on the same gradients, so the states already agree.
+
 accelerate makes no scaler on the CPU, and fedhf refuses ``fp16=True`` there when the config is built
 (fedhf/checks.py names bf16 as the fix), so on the CPU every step just runs.
 """
@@ -61,6 +67,17 @@ class LossScale:
         client = _ClientStep(with_grad, step)
         self._stepped.append(client)
         self.scaler.step(client)
+
+    def agree(self, processes: int, device: torch.device) -> None:
+        """Once per round, on every process: the smallest scale and growth count of all processes' scalers, on
+        each (one all-reduce on ``device``, the model's: NCCL reduces GPU tensors only). Taking the minimum keeps
+        the back-off of any process that overflowed; it can only delay the next growth."""
+        if self.scaler is None or processes == 1 or not self.scaler.is_enabled():
+            return
+        state = self.scaler.state_dict()
+        agreed = torch.tensor([state["scale"], state["_growth_tracker"]], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        self.scaler.load_state_dict({**state, "scale": agreed[0].item(), "_growth_tracker": int(agreed[1].item())})
 
     def update(self) -> None:
         """Once per local step, after every client of the step: the next scale."""

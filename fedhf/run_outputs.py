@@ -17,7 +17,7 @@ from .best_model import BestRound
 from .hub import push_round_checkpoint, saved_model, write_model_card
 from .metrics import write_json_atomic
 from .state import load_checkpoint, save_checkpoint
-from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from .state.checkpoint import PREFIX as CHECKPOINT_PREFIX, round_folder
 from .state.run import RunState, check_fingerprint, fingerprint
 
 HISTORY_FILE = "federated_history.json"
@@ -86,10 +86,12 @@ class RunOutputs:
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, run: RunState, best: BestRound) -> None:
-        """output_dir/checkpoint-round-N: the run's state (safetensors + JSON, checksummed, written atomically)
-        with the best round and the fp16 loss scale, and the global model as ``save_model`` writes it, under model/."""
+        """output_dir/checkpoint-N (N = rounds done = ``state.global_step``, the name Trainer gives it): the run's
+        state (safetensors + JSON, checksummed, written atomically) with the best round and the fp16 loss scale,
+        and the global model as ``save_model`` writes it, under model/."""
         directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
-        best_directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{self.state.best_global_step}")
+        best_directory = (directory if self.state.best_global_step == run.rounds_done  # an older run's may be named
+                          else round_folder(self.args.output_dir, self.state.best_global_step))  # checkpoint-round-N
         if self.state.best_global_step == run.rounds_done or os.path.isdir(best_directory):  # as Trainer sets it
             self.state.best_model_checkpoint = best_directory
         clients = self._gather_client_store()

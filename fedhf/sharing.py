@@ -163,12 +163,13 @@ class SharingPlan:
             store.put(client_id, STORE_NAME, snapshot(self.personal))
 
     def load_global_personal(self, store: ClientStateStore, weights: Mapping[int, float], initial: TensorDict,
-                             counts: bool = True) -> None:
+                             counts: bool = True, device: Optional[torch.device] = None) -> None:
         """The global model's personal part into the resident model: sum_i w_i P_i / sum_i w_i over the clients i
         with stored personal tensors P_i (``weights``: client id -> w_i), or ``initial`` while no client has any.
         ``counts``: whether this process's store counts (False on the processes that mirror another's clients,
         ``client_parallel``). Summed over processes (each holds its own clients' tensors), in float64; every
-        process must call it. Reads every client's personal tensors: N times their size per call."""
+        process must call it; ``device``: the model's, where the sums are reduced (NCCL reduces GPU tensors only).
+        Reads every client's personal tensors: N times their size per call."""
         if not self.personal:
             return
         sums = RoundSums()
@@ -177,7 +178,7 @@ class SharingPlan:
             if mine is not None:
                 sums.add_tensors("p", mine, scale=weight)
                 sums.add("w", weight)
-        sums.all_reduce()
+        sums.all_reduce(device=device)
         total = sums.scalar("w")
         self.global_personal = ({n: (sums.get(f"p.{n}") / total).to(t.dtype) for n, t in initial.items()}
                                 if total > 0 else dict(initial))

@@ -147,8 +147,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
 
     # ------------------------------------------------------------------ the round loop
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
-        """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-round-N`` folder, or True for the latest in
-        ``output_dir``; the resumed run ends with the same model as an uninterrupted one."""
+        """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-N`` folder (or an older run's
+        ``checkpoint-round-N``), or True for the latest in ``output_dir``; the resumed run ends with the same model
+        as an uninterrupted one."""
         args = self.args
         start = time.time()
         checkpoint = resolve_checkpoint(args.output_dir, resume_from_checkpoint)  # checked before any work starts
@@ -181,6 +182,11 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             save_partition_report({**self.partition_summary, "algorithm": self.algorithm.describe()}, args.output_dir)
         load_into(params, run.global_params)
         load_into(buffers, run.global_buffers)
+        # the global personal part from the (restored) clients' tensors: a resumed run that has no round left
+        # evaluates and saves the finished run's model, not the initial personal tensors
+        weights = {c: self._client_weight(c) for c in range(args.num_clients)}
+        self.plan.load_global_personal(self.client_store, weights, run.personal_init, self.world.sends_messages,
+                                       self.model_device)
         self.base_fold.load(run.base_params)
         self.current_gradient_accumulation_steps = 1
         self.state.global_step = run.rounds_done
@@ -272,6 +278,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             counted.add("downlink_bytes", downlink_each * len(chunk))
 
         sums.all_reduce(gather=algo.server_rule.gathers, device=self.model_device)  # the round's only communication
+        self.loss_scale.agree(self.world.size, self.model_device)  # fp16: one loss scale for all processes again
         total_weight = sums.scalar("w")
         if total_weight > 0:
             mean_delta = {n: t / total_weight for n, t in sums.tensors("dx", run.global_params).items()}
@@ -301,7 +308,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         load_into(buffers, run.global_buffers)
         # the global model: shared parts + the clients' weighted mean personal part (fedhf/sharing.py)
         weights = {c: self._client_weight(c) for c in range(args.num_clients)}
-        self.plan.load_global_personal(self.client_store, weights, run.personal_init, self.world.sends_messages)
+        self.plan.load_global_personal(self.client_store, weights, run.personal_init, self.world.sends_messages,
+                                       self.model_device)
         self.plan.end_round()
         self.base_fold.load(run.base_params)
         theta_sums = sums.within("sync")

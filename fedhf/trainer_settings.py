@@ -82,14 +82,14 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
                                 "'best' is refused: use load_best_model_at_end"),
     "save_steps": (HONOURED, "rounds between checkpoints (with save_strategy='steps')"),
     "save_on_each_node": (NO_EFFECT, "process 0 writes every checkpoint (client states are gathered to it)"),
-    "save_total_limit": (HONOURED, "keeps the newest N checkpoint-round-* folders, and always the best round's"),
+    "save_total_limit": (HONOURED, "keeps the newest N checkpoint-* folders, and always the best round's"),
     "enable_jit_checkpoint": (REFUSED, "checkpoints are written every `save_every_rounds`; leave it False"),
     "push_to_hub": (HONOURED, "Trainer's push_to_hub() of the saved model; checked before any work"),
     "hub_token": (HONOURED, "Trainer's push_to_hub(); never logged"),
     "hub_private_repo": (HONOURED, "Trainer's push_to_hub()"),
     "hub_model_id": (HONOURED, "Trainer's push_to_hub()"),
     "hub_strategy": (HONOURED, "with save_every_rounds: 'every_save'/'checkpoint' push each round checkpoint's "
-                               "model, 'all_checkpoints' under checkpoint-round-N/, 'end' only push_to_hub()"),
+                               "model, 'all_checkpoints' under checkpoint-N/, 'end' only push_to_hub()"),
     "hub_always_push": (NO_EFFECT, "each round checkpoint is pushed before the next round starts (synchronously), "
                                    "so none is ever skipped, as with hub_always_push=True"),
     "hub_revision": (HONOURED, "Trainer's push_to_hub()"),

@@ -44,20 +44,20 @@ def _run(tokenizer, sft, out, resume=False, stop=None):
 
 
 def _kept(out):
-    return sorted(name for name in os.listdir(out) if name.startswith("checkpoint-round-"))
+    return sorted(name for name in os.listdir(out) if name.startswith("checkpoint-"))
 
 
 def test_a_resumed_run_keeps_the_best_round(tokenizer, sft, tmp_path):
     full = _run(tokenizer, sft, tmp_path / "full")
     _run(tokenizer, sft, tmp_path / "cut", stop=2)
-    assert _kept(tmp_path / "cut") == ["checkpoint-round-1", "checkpoint-round-2"]
+    assert _kept(tmp_path / "cut") == ["checkpoint-1", "checkpoint-2"]
     resumed = _run(tokenizer, sft, tmp_path / "cut", resume=True)
 
     assert full.state.best_global_step == 1  # the setting the test relies on
     assert resumed.state.best_global_step == full.state.best_global_step
     assert resumed.state.best_metric == full.state.best_metric
     assert os.path.basename(resumed.state.best_model_checkpoint) == os.path.basename(full.state.best_model_checkpoint)
-    assert _kept(tmp_path / "cut") == _kept(tmp_path / "full") == ["checkpoint-round-1", "checkpoint-round-3"]
+    assert _kept(tmp_path / "cut") == _kept(tmp_path / "full") == ["checkpoint-1", "checkpoint-3"]
     final_full, final_resumed = trainable_state(full.model), trainable_state(resumed.model)
     assert all(torch.equal(final_full[n], final_resumed[n]) for n in final_full)
     assert [h["round"] for h in resumed.federated_history] == [1, 2, 3]

@@ -35,7 +35,7 @@ def test_save_model_writes_the_federated_card_beside_the_adapter(minilm, tweets,
     trainer.train()
     trainer.save_model()
     run = tmp_path / "run"
-    for folder in (run, run / "checkpoint-round-1" / "model"):
+    for folder in (run, run / "checkpoint-1" / "model"):
         assert (folder / "adapter_model.safetensors").exists()
         card = (folder / "README.md").read_text()
         assert minilm not in card and "base_model" not in _front_matter(card)  # peft's local path is replaced
@@ -97,7 +97,7 @@ class _FakeHub:
         return hub
 
 
-@pytest.mark.parametrize("strategy, prefix", [("every_save", ""), ("all_checkpoints", "checkpoint-round-{r}/")])
+@pytest.mark.parametrize("strategy, prefix", [("every_save", ""), ("all_checkpoints", "checkpoint-{r}/")])
 def test_round_checkpoints_are_pushed_as_hub_strategy_says(digits, tmp_path, monkeypatch, strategy, prefix):
     hub = _FakeHub().install(monkeypatch)
     args = config(tmp_path, num_rounds=2, local_steps=1, save_every_rounds=1, push_to_hub=True,

@@ -4,6 +4,12 @@ gradient overflowed is skipped and the scale backs off, and the scale is updated
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -66,3 +72,21 @@ def test_a_step_with_an_inf_gradient_is_skipped_and_the_scale_halves(tokenizer, 
     assert trainer.federated_history[-1]["excluded_clients"] == 0  # skipped, not a NaN model excluded afterwards
     assert trainer.accelerator.scaler.get_scale() == INIT_SCALE / 2
     assert trainer.accelerator.scaler.state_dict()["_growth_tracker"] == 0
+
+
+def test_processes_training_different_clients_agree_on_one_loss_scale_after_the_round(tmp_path):
+    """torchrun without client_parallel: process 1's client overflowed (scale halved, growth count restarted),
+    process 0's did not; after the round both hold the smaller scale and growth count, so the next round starts
+    alike everywhere and the checkpoint's one copy (process 0's) is the run's."""
+    script = os.path.join(os.path.dirname(__file__), "loss_scale_agreement_run.py")
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert (states[0]["before"]["scale"], states[0]["before"]["_growth_tracker"]) == (INIT_SCALE, 5)
+    assert (states[1]["before"]["scale"], states[1]["before"]["_growth_tracker"]) == (INIT_SCALE / 2, 2)
+    for state in states:
+        assert (state["after"]["scale"], state["after"]["_growth_tracker"]) == (INIT_SCALE / 2, 2)
+        assert state["live_scale"] == INIT_SCALE / 2  # the tensor the next scale(loss) multiplies by

@@ -142,10 +142,10 @@ def test_a_quantised_run_resumes_to_the_same_adapter(base, pairs, tokenizer, tmp
 
     full = run(tmp_path / "full")
     run(tmp_path / "cut", stop=1)
-    checkpoint = tmp_path / "cut" / "run" / "checkpoint-round-1"
+    checkpoint = tmp_path / "cut" / "run" / "checkpoint-1"
     assert all("lora_" in k for k in load_file(str(checkpoint / "global_params.safetensors")))
     assert os.path.isfile(checkpoint / "model" / "adapter_model.safetensors")
-    assert not (tmp_path / "cut" / "run" / "checkpoint-round-2").exists()
+    assert not (tmp_path / "cut" / "run" / "checkpoint-2").exists()
     resumed = run(tmp_path / "cut", resume=True)
     assert full.keys() == resumed.keys()
     assert all(torch.equal(full[n], resumed[n]) for n in full)

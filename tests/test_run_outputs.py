@@ -91,7 +91,7 @@ def check_reload(tokenizer, sft, tmp_path, trainer, evaluated, head=False):
     assert os.path.exists(os.path.join(saved, "adapter_config.json")) == adapter
     card = open(os.path.join(saved, "README.md")).read()
     assert ("library_name: peft" if adapter else "library_name: transformers") in card
-    checkpoint = tmp_path / "run" / "checkpoint-round-1" / "model"
+    checkpoint = tmp_path / "run" / "checkpoint-1" / "model"
     if checkpoint.exists():  # a round checkpoint's model/ is what save_model writes
         from_checkpoint = eval_loss(reload(str(checkpoint), len(tokenizer), head), sft, tokenizer, tmp_path)
         assert abs(from_checkpoint - evaluated) < 2e-6

@@ -36,7 +36,7 @@ def test_fedmuon_broadcasts_the_mean_of_the_clients_momenta_and_logs_their_drift
     trainer.train()
 
     first_round = finals[:3]
-    groups, _ = load_checkpoint(str(tmp_path / "run" / "checkpoint-round-1"))
+    groups, _ = load_checkpoint(str(tmp_path / "run" / "checkpoint-1"))
     broadcast = groups["sync_state"]
     assert broadcast.keys() == first_round[0].keys() and broadcast  # the >= 2-D momenta (conv filters, classifier)
     for key in broadcast:

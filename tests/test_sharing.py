@@ -76,7 +76,7 @@ def test_fedsa_sends_only_a_and_head_and_each_b_persists_across_rounds(minilm, t
     a_name = next(n for n in seen[0, 0][0] if role_of(n) == LORA_A)
     assert all(torch.equal(seen[1, c][0][a_name], seen[1, 0][0][a_name]) for c in range(CLIENTS))  # A is global
     # nothing of B in the run's state: no dx, Theta, control variate or server state; only the client store has it
-    groups, _ = load_checkpoint(str(tmp_path / "run" / f"checkpoint-round-{ROUNDS}"))
+    groups, _ = load_checkpoint(str(tmp_path / "run" / f"checkpoint-{ROUNDS}"))
     for group, tensors in groups.items():
         in_b = [k for k in tensors if "lora_B" in k]
         if group == "client_store":
@@ -99,6 +99,20 @@ def test_fedsa_personal_b_is_restored_after_checkpoint_resume(minilm, tweets, to
         assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     whole_model = {n: p for n, p in whole.model.named_parameters()}
     assert all(torch.equal(p, whole_model[n]) for n, p in model.named_parameters())
+
+
+def test_resuming_a_finished_fedsa_run_holds_the_clients_mean_b_not_the_initial_one(minilm, tweets, tokenizer,
+                                                                                     tmp_path):
+    """Nothing is left to train, yet the model the resumed trainer evaluates and saves is the finished run's: its
+    personal part is the clients' weighted mean B (rebuilt from the restored client store), not peft's initial B = 0."""
+    kw = dict(parameter_sharing="fedsa", save_every_rounds=ROUNDS)
+    finished, _, _ = _run(minilm, tweets, tokenizer, tmp_path, trainer_class=FederatedTrainer, **kw)
+    model, _, output = _run(minilm, tweets, tokenizer, tmp_path, trainer_class=FederatedTrainer, resume=True, **kw)
+    assert output.global_step == ROUNDS
+    b_names = [n for n, _ in model.named_parameters() if role_of(n) == LORA_B]
+    assert b_names and all(torch.count_nonzero(p) > 0 for n, p in finished.named_parameters() if n in b_names)
+    theirs = dict(finished.named_parameters())
+    assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters())
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fadam_gt"])

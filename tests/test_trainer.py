@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 import fedhf
 from fedhf import FederatedTrainer
@@ -133,8 +134,8 @@ def test_save_every_rounds_writes_complete_checkpoints_with_the_adapter(minilm, 
     args = config(tmp_path, num_rounds=3, local_steps=1, save_every_rounds=2, per_device_train_batch_size=4)
     tweet_trainer(lora_minilm(minilm), tweets, tokenizer, args, evaluate=False).train()
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.glob("checkpoint-round-*")) == ["checkpoint-round-2"]
-    files = {p.relative_to(run / "checkpoint-round-2").as_posix() for p in (run / "checkpoint-round-2").rglob("*")}
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
+    files = {p.relative_to(run / "checkpoint-2").as_posix() for p in (run / "checkpoint-2").rglob("*")}
     assert {"manifest.json", "meta.json", "global_params.safetensors", "model/adapter_model.safetensors"} <= files
     assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]  # no pickles
     assert not list(run.glob("*.tmp"))
@@ -217,6 +218,30 @@ def test_an_earlier_run_is_not_overwritten_silently(digits, tmp_path):
     digit_trainer(tiny_resnet(), digits, again, evaluate=False).train()
 
 
+class _StopAfterRound1(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = True
+
+
+def test_an_earlier_fedhf_runs_checkpoint_round_n_folders_still_resume_and_rotate(digits, tmp_path):
+    """Round checkpoints are now named as Trainer names them (checkpoint-N); a run saved under the older
+    checkpoint-round-N name resumes to the uninterrupted result, and save_total_limit rotates its folders too."""
+    full = tiny_resnet()
+    digit_trainer(full, digits, config(tmp_path / "full", num_rounds=2, local_steps=1), evaluate=False).train()
+    cut = config(tmp_path / "cut", num_rounds=2, local_steps=1, save_every_rounds=1)
+    digit_trainer(tiny_resnet(), digits, cut, evaluate=False, callbacks=[_StopAfterRound1()]).train()
+    run = tmp_path / "cut" / "run"
+    os.rename(run / f"{PREFIX_CHECKPOINT_DIR}-1", run / "checkpoint-round-1")  # as an earlier fedhf wrote it
+    resumed = tiny_resnet()
+    again = config(tmp_path / "cut", num_rounds=2, local_steps=1, save_every_rounds=1, save_total_limit=1)
+    trainer = digit_trainer(resumed, digits, again, evaluate=False)
+    trainer.train(resume_from_checkpoint=True)
+    assert [h["round"] for h in trainer.federated_history] == [1, 2]
+    final_full, final_resumed = trainable_state(full), trainable_state(resumed)
+    assert all(torch.equal(final_full[n], final_resumed[n]) for n in final_full)
+    assert sorted(name for name in os.listdir(run) if name.startswith("checkpoint")) == [f"{PREFIX_CHECKPOINT_DIR}-2"]
+
+
 def test_dataloader_drop_last_lets_batchnorm_clients_skip_a_one_row_batch(digits, tmp_path):
     """A client of 17 rows with batch 16 ends each pass on a 1-row batch, on which BatchNorm cannot train."""
     parts = [list(range(17)), list(range(17, 40))]
@@ -269,7 +294,9 @@ class _Events(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         self.counts["save"] += 1
         self.best_at_save.append(state.best_model_checkpoint)
-        assert os.path.isfile(os.path.join(args.output_dir, f"checkpoint-round-{state.global_step}", "manifest.json"))
+        # the path transformers' reporting integrations (W&B, MLflow, ClearML, DVCLive) upload at on_save
+        assert os.path.isfile(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}",
+                                           "manifest.json"))
 
 
 def test_callbacks_see_rounds_as_steps_and_epochs_and_every_checkpoint(digits, tmp_path):
@@ -280,9 +307,9 @@ def test_callbacks_see_rounds_as_steps_and_epochs_and_every_checkpoint(digits, t
     trainer.train()
     assert events.counts == {"epoch_begin": 2, "step_begin": 2, "step_end": 2, "epoch_end": 2, "evaluate": 2,
                              "save": 2}
-    best = os.path.join(args.output_dir, f"checkpoint-round-{trainer.state.best_global_step}")
+    best = os.path.join(args.output_dir, f"checkpoint-{trainer.state.best_global_step}")
     assert events.best_at_save[-1] == trainer.state.best_model_checkpoint == best
-    assert events.best_at_save[0] == os.path.join(args.output_dir, "checkpoint-round-1")  # round 1 is the first best
+    assert events.best_at_save[0] == os.path.join(args.output_dir, "checkpoint-1")  # round 1 is the first best
 
 
 def test_a_checkpoint_and_evaluation_a_callback_asks_for_are_made(digits, tmp_path):
@@ -291,6 +318,6 @@ def test_a_checkpoint_and_evaluation_a_callback_asks_for_are_made(digits, tmp_pa
     trainer = digit_trainer(tiny_resnet(), digits, args, callbacks=[events])
     trainer.train()
     assert sorted(name for name in os.listdir(args.output_dir) if name.startswith("checkpoint")) == [
-        "checkpoint-round-1"]
+        "checkpoint-1"]
     assert events.counts["save"] == 1 and events.counts["evaluate"] == 2
     assert [("eval_accuracy" in h) for h in trainer.federated_history] == [True, True]

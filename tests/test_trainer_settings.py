@@ -117,9 +117,9 @@ def test_save_steps_are_rounds_and_save_total_limit_keeps_the_best(digits, tmp_p
     trainer, _, _ = _run(digits, tmp_path, rounds=4, save_strategy="steps", save_steps=1, save_total_limit=2,
                          eval_every_rounds=1, metric_for_best_model="loss", greater_is_better=True)
     best = trainer.state.best_global_step
-    kept = sorted(int(d.rsplit("-", 1)[1]) for d in os.listdir(tmp_path / "run") if d.startswith("checkpoint-round-"))
+    kept = sorted(int(d.rsplit("-", 1)[1]) for d in os.listdir(tmp_path / "run") if d.startswith("checkpoint-"))
     assert kept == sorted({best, 3, 4})
-    weights = load_file(str(tmp_path / "run" / f"checkpoint-round-{best}" / "model" / "model.safetensors"))
+    weights = load_file(str(tmp_path / "run" / f"checkpoint-{best}" / "model" / "model.safetensors"))
     assert weights  # the best round's model is still there
 
 

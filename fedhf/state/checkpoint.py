@@ -2,7 +2,8 @@
 SHA-256 checksums verified on load, and an atomic write (a temporary folder renamed into place) so a crash
 never leaves a checkpoint that looks valid but is not. Nothing is ever unpickled.
 
-Layout of ``checkpoint-round-N/``::
+Layout of ``checkpoint-N/`` (N = rounds done = ``state.global_step``, the name Trainer gives its checkpoints, so the
+reporting integrations that upload ``output_dir/checkpoint-{global_step}`` find it)::
 
     <group>.safetensors ...   one file per tensor group (global model, server state, client store)
     meta.json                 round counter, metrics history, communicated bytes, config fingerprint, best round
@@ -17,17 +18,20 @@ import json
 import os
 import re
 import shutil
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..params import TensorDict
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 META = "meta.json"
-PREFIX = "checkpoint-round-"
+PREFIX = PREFIX_CHECKPOINT_DIR + "-"  # "checkpoint-", as Trainer names its checkpoints
+LEGACY_PREFIX = "checkpoint-round-"  # what earlier fedhf versions wrote; such runs still resume and rotate
+_NAME = re.compile(re.escape(PREFIX) + r"(?:round-)?(\d+)")
 
 
 class CheckpointError(ValueError):
@@ -71,7 +75,7 @@ def save_checkpoint(directory: str, groups: Dict[str, TensorDict], meta: dict,
 def load_checkpoint(directory: str, device: str = "cpu") -> Tuple[Dict[str, TensorDict], dict]:
     """Verify every checksum, then load the tensors onto ``device`` (the model's, where a run's state lives). Raises
     CheckpointError naming what is wrong and what to do."""
-    fix = "Resume from an earlier checkpoint-round-* folder, or start the run again."
+    fix = "Resume from an earlier checkpoint-N folder, or start the run again."
     manifest_path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(manifest_path):
         raise CheckpointError(f"{directory} is not a complete fedhf checkpoint (no {MANIFEST}). {fix}")
@@ -101,11 +105,24 @@ def load_checkpoint(directory: str, device: str = "cpu") -> Tuple[Dict[str, Tens
     return groups, meta
 
 
+def round_folders(output_dir: str) -> List[Tuple[int, str]]:
+    """(round, folder name) of every round checkpoint folder in ``output_dir``, under either name (``checkpoint-N``
+    or the older ``checkpoint-round-N``), sorted by round, a ``checkpoint-N`` after an older name of the same round;
+    temporary folders are ignored."""
+    found = [(int(m.group(1)), name.startswith(LEGACY_PREFIX), name) for name in
+             (os.listdir(output_dir) if os.path.isdir(output_dir) else []) if (m := _NAME.fullmatch(name))]
+    return [(r, name) for r, _, name in sorted(found, key=lambda f: (f[0], not f[1]))]
+
+
+def round_folder(output_dir: str, round_index: int) -> str:
+    """The folder of round ``round_index``'s checkpoint: an existing one (either name), else the ``checkpoint-N`` a
+    save writes."""
+    existing = [name for r, name in round_folders(output_dir) if r == round_index]
+    return os.path.join(output_dir, existing[-1] if existing else f"{PREFIX}{round_index}")
+
+
 def latest_checkpoint(output_dir: str) -> Optional[str]:
     """The complete checkpoint with the highest round in ``output_dir`` (temporary folders are ignored)."""
-    if not os.path.isdir(output_dir):
-        return None
-    rounds = [(int(m.group(1)), name) for name in os.listdir(output_dir)
-              if (m := re.fullmatch(re.escape(PREFIX) + r"(\d+)", name))
-              and os.path.isfile(os.path.join(output_dir, name, MANIFEST))]
-    return os.path.join(output_dir, max(rounds)[1]) if rounds else None
+    complete = [name for _, name in round_folders(output_dir)
+                if os.path.isfile(os.path.join(output_dir, name, MANIFEST))]
+    return os.path.join(output_dir, complete[-1]) if complete else None

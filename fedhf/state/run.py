@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
 from ..params import TensorDict
-from .checkpoint import PREFIX, latest_checkpoint
+from .checkpoint import LEGACY_PREFIX, PREFIX, latest_checkpoint
 
 #: Config fields that must match between a checkpoint and the run resuming from it.
 FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
@@ -82,8 +82,8 @@ def resolve_checkpoint(output_dir: str, resume_from_checkpoint: Union[str, bool,
     if resume_from_checkpoint is True:
         path = latest_checkpoint(output_dir)
         if path is None:
-            raise ValueError(f"`resume_from_checkpoint=True` but {output_dir} holds no complete {PREFIX}N folder; "
-                             "pass a path, or set `save_every_rounds` to write them.")
+            raise ValueError(f"`resume_from_checkpoint=True` but {output_dir} holds no complete {PREFIX}N (or "
+                             f"older {LEGACY_PREFIX}N) folder; pass a path, or set `save_every_rounds` to write them.")
         return path
     if not os.path.isdir(resume_from_checkpoint):
         raise ValueError(f"`resume_from_checkpoint`={resume_from_checkpoint!r} is not a folder.")

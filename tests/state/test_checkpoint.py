@@ -37,7 +37,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path, 
     killed = _run(tmp_path / "crash", tmp_path / "never.safetensors", "--kill-after", "2", *algorithm)
     assert killed.returncode == -signal.SIGKILL  # a real kill, not an exception
     assert not (tmp_path / "never.safetensors").exists()
-    assert latest_checkpoint(str(tmp_path / "crash")).endswith("checkpoint-round-2")
+    assert latest_checkpoint(str(tmp_path / "crash")).endswith("checkpoint-2")
 
     resumed = _run(tmp_path / "crash", tmp_path / "resumed.safetensors", "--resume", *algorithm)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -54,7 +54,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path, 
 @pytest.fixture
 def checkpoint(tmp_path):
     groups = {"global_params": {"w": torch.arange(6.0).reshape(2, 3)}, "client_store": {"3/c/w": torch.ones(2)}}
-    return save_checkpoint(str(tmp_path / "checkpoint-round-4"), groups, {"rounds_done": 4})
+    return save_checkpoint(str(tmp_path / "checkpoint-4"), groups, {"rounds_done": 4})
 
 
 def test_round_trip_is_exact(checkpoint):
