@@ -60,8 +60,11 @@ class LossScale:
 
     def step(self, params: Iterable[torch.Tensor], step: Callable[[], None]) -> None:
         """Run ``step`` on unscaled gradients, or skip it when one of them is inf/nan."""
+        if self.scaler is None:  # no fp16: the step just runs (the local loop's every step)
+            step()
+            return
         with_grad = [p for p in params if p.grad is not None]
-        if self.scaler is None or not with_grad:  # no gradient: nothing scaled to check
+        if not with_grad:  # no gradient: nothing scaled to check
             step()
             return
         client = _ClientStep(with_grad, step)

@@ -382,7 +382,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         sums.add("uplink_bytes", own.nbytes + sum(m.nbytes for m in messages.values()))
 
     def _local_steps(self, ctx: ClientContext, optimizer: OptimizerHooks) -> float:
-        """The local loop; returns the summed loss (a Python float, whatever device the model is on). A local step
+        """The local loop; returns the summed loss (a Python float, read from the model's device once per client,
+        not once per step: a read waits for the device's queued work). A local step
         is one optimizer step over ``gradient_accumulation_steps`` micro-batches (see :meth:`_accumulate`);
         curvature refreshes (on the first micro-batch), clipping and corrections act once per step."""
         args = self.args
@@ -398,7 +399,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             self.loss_scale.update()
         optimizer.end_round()
         self.optimizer = None
-        return loss_sum
+        return float(loss_sum)
 
     def _optimizer_step(self, ctx: ClientContext, optimizer: OptimizerHooks) -> None:
         """Clip the gradient, then the correction's hooks around the optimizer's step (see fedhf.corrections); under
@@ -417,9 +418,9 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         if self.client_ranks is not None:  # nothing revives the components beyond the client's rank
             self.client_ranks.truncate(ctx.client_id)
 
-    def _accumulate(self, micro_batches: List[dict]) -> float:
+    def _accumulate(self, micro_batches: List[dict]):
         """Gradients of one optimizer step over G micro-batches, equal to those of one backward over their union;
-        returns the union's loss.
+        returns the union's loss (a float64 tensor on the model's device, or 0.0 when nothing was run).
 
         Which mean: the model's own loss is a mean over its micro-batch; each micro-batch is weighted by its share
         of the union's items, so the step sees the union's mean. Items are label tokens != -100 when labels are
@@ -436,7 +437,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         if len(micro_batches) == 1:
             if loss_items(micro_batches[0], self._loss_shifts_labels) == 0:
                 return 0.0
-            return float(self.training_step(self.model, micro_batches[0]))
+            return self.training_step(self.model, micro_batches[0]).double()
         if self.compute_loss_func is not None or self.loss_is_scaled_for_ga:
             raise ValueError("gradient_accumulation_steps > 1 needs the model's own mean loss; a `compute_loss_func` "
                              "(or a loss already scaled for accumulation) cannot be weighted per micro-batch. Use "
@@ -447,7 +448,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             if n == 0:  # nothing to learn from (all labels masked): its mean would be NaN
                 continue
             self.current_gradient_accumulation_steps = sum(items) / n
-            loss += float(self.training_step(self.model, batch))
+            loss = loss + self.training_step(self.model, batch).double()
         self.current_gradient_accumulation_steps = 1
         return loss
 
