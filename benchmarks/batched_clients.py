@@ -7,7 +7,7 @@ linear layer, the bundled tweets cut into blocks of ``--seq`` tokens. FedAvg (SG
 same initial model; a round is timed from its start to its end (callback), the fastest of ``--rounds`` is kept.
 Also printed: the peak memory (GPU: ``torch.cuda.max_memory_allocated``; CPU: the process's peak RSS, which only
 grows, so read the GPU column for memory) and the largest difference of the final adapter from the one-at-a-time
-run (the two must agree to float rounding; tests/test_batched_clients.py asserts it).
+run (the two must agree to float rounding; tests/trainer/test_batched_round.py asserts it).
 
 ``--model minilm``: the pretrained MiniLM-L6 sentence classifier instead, LoRA r16 on query/value and the 3-class
 head trained (stacked per client too), dropout off (a batched pass draws other masks than one client at a time, so
@@ -42,7 +42,7 @@ def build(directory: str, tokenizer, hidden: int, layers: int, device: str, kind
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig, LlamaForCausalLM
 
     if kind == "minilm":
-        from fedhf.demo_data import minilm_path
+        from fedhf.data.demo import minilm_path
 
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_pretrained(  # no dropout: a batched pass
@@ -65,7 +65,7 @@ def build(directory: str, tokenizer, hidden: int, layers: int, device: str, kind
 
 def labelled_tweets(tokenizer, seq: int, rows: int):
     """``rows`` bundled tweets padded to ``seq`` tokens, with their sentiment labels (MiniLM's data)."""
-    from fedhf.demo_data import load_tweets
+    from fedhf.data.demo import load_tweets
 
     tweets = load_tweets()["train"].select(range(rows))
     return tweets.map(lambda b: tokenizer(b["text"], truncation=True, max_length=seq, padding="max_length"),
@@ -125,7 +125,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from fedhf.demo_data import minilm_path
+    from fedhf.data.demo import minilm_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())

@@ -60,7 +60,7 @@ BUDGETS = {
 def load_data(task: str, settings: dict) -> dict:
     """{"train", "test", "arrow_train", "collator", "tokenizer", "callbacks"}: the same rows for every algorithm and
     seed; "arrow_train" is the training split as a ``datasets.Dataset``, which fedhf splits over the clients."""
-    from fedhf.demo_data import load_digits_images, load_tweets, minilm_path, subsample, tokenize_tweets
+    from fedhf.data.demo import load_digits_images, load_tweets, minilm_path, subsample, tokenize_tweets
 
     if task == "digits":
         splits = load_digits_images()
@@ -182,7 +182,7 @@ def build_model(task: str, seed: int, data: dict):
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     from transformers import AutoModelForSequenceClassification
 
-    from fedhf.demo_data import minilm_path
+    from fedhf.data.demo import minilm_path
 
     model = AutoModelForSequenceClassification.from_pretrained(minilm_path(), num_labels=3, hidden_dropout_prob=0.0,
                                                                attention_probs_dropout_prob=0.0)

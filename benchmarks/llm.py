@@ -45,7 +45,7 @@ def blocks(tokenizer, seq: int, rows: int):
     """Tweets concatenated and cut into ``rows`` blocks of ``seq`` tokens (labels = inputs: plain LM loss)."""
     import datasets
 
-    from fedhf.demo_data import load_tweets
+    from fedhf.data.demo import load_tweets
 
     tweets = load_tweets()["train"].select(range(rows * seq // 8))
     ids = [t for text in tweets["text"] for t in tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -155,7 +155,7 @@ def worker(row: str, side: str, opts) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from fedhf.demo_data import minilm_path
+    from fedhf.data.demo import minilm_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())

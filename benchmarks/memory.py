@@ -30,7 +30,7 @@ def child(num_clients: int, budget_mb: float, out: str, per_round: int) -> None:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     from fedhf import FederatedConfig, FederatedTrainer
-    from fedhf.demo_data import load_digits_images
+    from fedhf.data.demo import load_digits_images
 
     torch.manual_seed(0)
     train = load_digits_images()["train"]

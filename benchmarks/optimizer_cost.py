@@ -18,7 +18,7 @@ builds its eigenbases, printed as ``step 0``); the next steps come in periods of
 Sophia's curvature refresh once per period): ms/step is the mean over the 10 positions of each position's median
 over the periods (``--periods``, default 1: a mean of 10 steps, each step run by all optimizers in turn).
 
-Model: the tiny Llama (``fedhf.demo_data.tiny_llama``: random init, tied embeddings, SDPA attention) with a
+Model: the tiny Llama (``fedhf.data.demo.tiny_llama``: random init, tied embeddings, SDPA attention) with a
 10,240-token vocabulary -- above SOAP's ``max_precond_dim`` 10,000, so, as for a real LLM's vocabulary, the
 embedding's long side gets no Shampoo factor -- hidden 64 and 4 layers (``--hidden``, ``--layers``), on random
 token ids (cost does not depend on the text). Setups: LoRA r 16 on every linear layer (the embedding frozen),
@@ -50,7 +50,7 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from optimizer_reference import compare_with_references, reference_module, sync  # noqa: E402
 
-from fedhf.demo_data import tiny_llama  # noqa: E402
+from fedhf.data.demo import tiny_llama  # noqa: E402
 from fedhf.optim import LocalOptimizer, ModelAccess  # noqa: E402
 
 #: What each optimizer is built with (defaults otherwise). The [variants] are fedhf's cheaper options (issue 14,

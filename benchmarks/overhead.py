@@ -23,7 +23,7 @@ from peft import LoraConfig, TaskType, get_peft_model  # noqa: E402
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments  # noqa: E402
 
 from fedhf import FederatedConfig, FederatedTrainer  # noqa: E402
-from fedhf.demo_data import load_tweets, minilm_path, subsample  # noqa: E402
+from fedhf.data.demo import load_tweets, minilm_path, subsample  # noqa: E402
 
 
 def build_model(path):

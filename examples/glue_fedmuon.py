@@ -46,7 +46,7 @@ from transformers import (AutoConfig, AutoModelForSequenceClassification, AutoTo
                           HfArgumentParser, set_seed)
 
 from fedhf import FederatedConfig, FederatedTrainer
-from fedhf.demo_data import load_tweets, minilm_path, subsample
+from fedhf.data.demo import load_tweets, minilm_path, subsample
 from fedhf.metrics import glue_compute_metrics
 from fedhf.metrics.history import is_quality_metric
 

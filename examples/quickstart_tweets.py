@@ -27,7 +27,7 @@ from transformers import (AutoModelForSequenceClassification, AutoTokenizer, Dat
                           HfArgumentParser)
 
 from fedhf import FederatedConfig, FederatedTrainer  # noqa: E402
-from fedhf.demo_data import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
+from fedhf.data.demo import load_tweets, minilm_path, subsample, tokenize_tweets  # noqa: E402
 from fedhf.metrics import accuracy_metrics  # noqa: E402
 from fedhf.recipes import load_recipe  # noqa: E402
 

@@ -24,7 +24,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from fedhf import FederatedConfig, FederatedTrainer
-from fedhf.demo_data import TWEET_LABELS, load_tweet_instructions, minilm_path, subsample, tiny_llama
+from fedhf.data.demo import TWEET_LABELS, load_tweet_instructions, minilm_path, subsample, tiny_llama
 from fedhf.data.sft import SFTCollator, tokenize_sft
 from fedhf.metrics import GenerationEvalCallback
 

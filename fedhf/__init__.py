@@ -5,16 +5,14 @@ Swap ``Trainer`` for :class:`FederatedTrainer` and ``TrainingArguments`` for :cl
 
 from . import algorithms
 from .algorithms import Algorithm, compose, get_algorithm, list_algorithms
-from .config import FederatedConfig
-from .trainer import FederatedTrainer
-
-__version__ = "0.1.0"
+from .trainer import FederatedConfig, FederatedTrainer
+from .version import __version__
 
 
 def __getattr__(name: str):
     # trl is optional: fedhf.FederatedSFTTrainer / FederatedSFTConfig import it on first use only.
     if name in ("FederatedSFTConfig", "FederatedSFTTrainer"):
-        from . import trl
+        from .trainer import sft as trl
 
         return getattr(trl, name)
     raise AttributeError(f"module 'fedhf' has no attribute {name!r}")

@@ -11,7 +11,7 @@ Every key is checked before any model or data is loaded, so a typo fails naming 
 :data:`TASKS` (task name -> builder of model, datasets, collator, metrics and callbacks): sequence and image
 classification, and causal-LM SFT (``causal-lm``: prompt/completion, chat ``messages`` or ``text`` data as
 :mod:`fedhf.data.sft` reads them). A new task is one function plus one registry line. This module is the only
-place the demo loaders (``bundled-*`` names, :mod:`fedhf.demo_data`) are imported from.
+place the demo loaders (``bundled-*`` names, :mod:`fedhf.data.demo`) are imported from.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import yaml
 
-from .checks import cpu_has_bf16_matmul
-from .config import FederatedConfig
-from .demo_data import load_digits_images, load_tweet_instructions, load_tweets, minilm_path, subsample
+from .runtime.hardware import cpu_has_bf16_matmul
+from .trainer.config import FederatedConfig
+from .data.demo import load_digits_images, load_tweet_instructions, load_tweets, minilm_path, subsample
 from .metrics import accuracy_metrics
 
 BUNDLED_MODELS: Dict[str, Callable[[], str]] = {"bundled-minilm": minilm_path}
@@ -121,7 +121,7 @@ def _check_keys(values: Any, known: set, name: str, path: str, where: str) -> di
 def _resolve_bf16(train: Dict[str, Any]) -> Dict[str, Any]:
     """``bf16: auto`` in a recipe: bf16 where it runs in hardware (a CUDA GPU with bf16; a CPU with AVX512-BF16 or
     AMX), fp32 elsewhere -- emulated bf16 made a MiniLM-LoRA step 17x slower on an AVX2 CPU
-    (:func:`fedhf.checks.cpu_has_bf16_matmul`). Any other value is left to FederatedConfig."""
+    (:func:`fedhf.trainer.config_checks.cpu_has_bf16_matmul`). Any other value is left to FederatedConfig."""
     if train.get("bf16") != "auto":
         return train
     on_gpu = not train.get("use_cpu") and torch.cuda.is_available()

@@ -14,7 +14,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 @pytest.fixture(scope="session")
 def minilm():
-    from fedhf.demo_data import minilm_path
+    from fedhf.data.demo import minilm_path
 
     return minilm_path()
 
@@ -29,7 +29,7 @@ def tokenizer(minilm):
 @pytest.fixture(scope="session")
 def tweets(tokenizer):
     """1,200 training and 300 held-out real tweets, tokenised to at most 32 tokens (no padding)."""
-    from fedhf.demo_data import load_tweets, subsample, tokenize_tweets
+    from fedhf.data.demo import load_tweets, subsample, tokenize_tweets
 
     splits = load_tweets()
     splits["train"] = subsample(splits["train"], 1200, seed=0)
@@ -39,6 +39,6 @@ def tweets(tokenizer):
 
 @pytest.fixture(scope="session")
 def digits():
-    from fedhf.demo_data import load_digits_images
+    from fedhf.data.demo import load_digits_images
 
     return load_digits_images()

@@ -57,7 +57,7 @@ def frozen_state(model) -> dict:
 
 
 def tiny_llama_lora(vocab_size: int, seed: int = 0):
-    from fedhf.demo_data import tiny_llama
+    from fedhf.data.demo import tiny_llama
 
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
                       task_type=TaskType.CAUSAL_LM)
@@ -66,7 +66,7 @@ def tiny_llama_lora(vocab_size: int, seed: int = 0):
 
 def tweet_sft(tokenizer, n_train: int = 200, n_test: int = 50, max_length: int = 48):
     """Real tweets as tokenised prompt/completion pairs (label column kept)."""
-    from fedhf.demo_data import load_tweet_instructions, subsample
+    from fedhf.data.demo import load_tweet_instructions, subsample
     from fedhf.data.sft import tokenize_sft
 
     splits = load_tweet_instructions()
@@ -104,7 +104,7 @@ def tokenize_prompt_completion(tokenizer, prompt: str, completion: str, eos: str
 def sentiment_pairs(tweets, n_train: int, n_eval: int, max_chars: int = 120):
     """Bundled tweets as prompt/completion pairs ("Tweet: ...\\nSentiment:" -> " positive"), with the ``label``
     column kept for the split."""
-    from fedhf.demo_data import TWEET_LABELS, subsample
+    from fedhf.data.demo import TWEET_LABELS, subsample
 
     def pairs(ds, n):
         ds = subsample(ds, n, seed=0)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from ..corrections import CORRECTIONS, Correction
 from ..optim import LocalOptimizer
-from ..registry import Registry
+from ..core.registry import Registry
 from ..server import Mean, ServerRule, Step, build_server_rule
 from ..sync import STATE_SYNCS, Reset, StateSync
 

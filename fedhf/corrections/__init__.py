@@ -2,7 +2,7 @@
 
 from functools import partial
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .base import Correction
 from .control_variate import ControlVariate
 from .global_mix import GlobalMix

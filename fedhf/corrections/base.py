@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from abc import ABC
 
-from ..context import ClientContext, ServerContext
-from ..message import Message
-from ..params import TensorDict
+from ..core.context import ClientContext, ServerContext
+from ..core.message import Message
+from ..core.params import TensorDict
 
 
 class Correction(ABC):
@@ -39,7 +39,7 @@ class Correction(ABC):
         return {}
 
     def client_state_bytes(self, global_params: TensorDict) -> int:
-        """Bytes this correction keeps per client in the client store (the memory plan, fedhf/memory_plan.py)."""
+        """Bytes this correction keeps per client in the client store (the memory plan, fedhf/trainer/memory_plan.py)."""
         return 0
 
     def client_begin(self, ctx: ClientContext) -> None:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..context import ClientContext, ServerContext
-from ..message import Message
-from ..params import TensorDict
+from ..core.context import ClientContext, ServerContext
+from ..core.message import Message
+from ..core.params import TensorDict
 from .base import Correction
 
 POSITIONS = ("before", "after")

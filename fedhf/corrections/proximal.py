@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..context import ClientContext
+from ..core.context import ClientContext
 from .base import Correction
 
 

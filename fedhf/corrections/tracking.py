@@ -41,9 +41,9 @@ from typing import Sequence
 
 import torch
 
-from ..context import ClientContext, ServerContext
-from ..message import Message
-from ..params import TensorDict, num_bytes
+from ..core.context import ClientContext, ServerContext
+from ..core.message import Message
+from ..core.params import TensorDict, num_bytes
 from .base import Correction
 
 POSITIONS = ("after", "before")

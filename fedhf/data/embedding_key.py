@@ -1,7 +1,7 @@
 """The ``embedding`` split key: k-means clusters of sentence embeddings of a text column.
 
 Rows are embedded with a local sentence encoder (``partition_encoder``: a transformers model folder, e.g. the
-bundled MiniLM, ``fedhf.demo_data.minilm_path()``) by attention-masked mean pooling of the last hidden state and L2
+bundled MiniLM, ``fedhf.data.demo.minilm_path()``) by attention-masked mean pooling of the last hidden state and L2
 normalisation (Reimers & Gurevych, "Sentence-BERT", EMNLP 2019), then clustered by k-means (Lloyd, 1982) with
 k-means++ seeding (Arthur & Vassilvitskii, SODA 2007) from a seeded ``torch.Generator``: the same seed gives the
 same clusters. A Dirichlet split over the clusters gives clients different topics of an unlabelled corpus (the
@@ -21,7 +21,7 @@ def check_encoder(path: str) -> None:
     if not os.path.isdir(path):
         raise ValueError(
             f"`partition_encoder`={path!r} is not a local model folder. Give the folder of a sentence encoder "
-            "(e.g. fedhf.demo_data.minilm_path(), or a snapshot_download() of one); it is loaded offline."
+            "(e.g. fedhf.data.demo.minilm_path(), or a snapshot_download() of one); it is loaded offline."
         )
 
 

@@ -20,8 +20,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..aggregation import RoundSums
-from ..params import TensorDict
+from ..core.sums import RoundSums
+from ..core.params import TensorDict
 
 
 def drift(sums, total_weight: float) -> Optional[dict]:

@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .base import FederatedOptimizer, ModelAccess, OptimizerHooks, TorchOptimizer
 from .amsgrad import AMSGradNoBias
 from .covariance import CovarianceAdam

@@ -34,8 +34,8 @@ from typing import Mapping, Optional, Tuple
 
 import torch
 
-from ..theta import NONNEGATIVE
-from ..updates import adaptive_moments_
+from ..core.theta import NONNEGATIVE
+from ..core.updates import adaptive_moments_
 from .base import FederatedOptimizer, NamedParams, split_theta_key
 from .state_size import copies, state_dtype
 
@@ -44,7 +44,7 @@ from .state_size import copies, state_dtype
 def amsgrad_no_bias_direction(grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
                               v_hat: Optional[torch.Tensor], beta1: float, beta2: float, eps: float) -> torch.Tensor:
     """Update m, v (and v_hat, if given) in place; return A = m / (sqrt(v_hat) + eps), v_hat = v without AMSGrad.
-    The moments are the server FedAdam's (:func:`fedhf.updates.adaptive_moments_`)."""
+    The moments are the server FedAdam's (:func:`fedhf.core.updates.adaptive_moments_`)."""
     adaptive_moments_(grad, m, v, beta1, beta2, "adam")
     if v_hat is None:
         v_hat = v

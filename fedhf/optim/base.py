@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Tuple
 
 import torch
 
-from ..theta import GENERAL, NONNEGATIVE, split_theta_key, theta_key  # noqa: F401  (theta_key re-exported)
+from ..core.theta import GENERAL, NONNEGATIVE, split_theta_key, theta_key  # noqa: F401  (theta_key re-exported)
 
 TensorDict = Dict[str, torch.Tensor]
 NamedParams = Iterable[Union[torch.Tensor, Tuple[str, torch.Tensor]]]
@@ -50,7 +50,7 @@ class ModelAccess:
 class OptimizerHooks:
     """The local-optimizer protocol: what the trainer calls around ``step``/``zero_grad``, with no-op defaults.
 
-    ``theta_kinds`` declares the structure of each Theta state key (:mod:`fedhf.theta`: symmetric PSD,
+    ``theta_kinds`` declares the structure of each Theta state key (:mod:`fedhf.core.theta`: symmetric PSD,
     non-negative, general -- the default), beside the keys; compression and drift read it via :meth:`theta_kind`.
     """
 

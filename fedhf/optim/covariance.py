@@ -20,8 +20,8 @@ from typing import Tuple
 
 import torch
 
-from ..theta import NONNEGATIVE
-from ..updates import covariance_moments_
+from ..core.theta import NONNEGATIVE
+from ..core.updates import covariance_moments_
 from .base import FederatedOptimizer, NamedParams
 from .state_size import copies, state_dtype
 
@@ -29,7 +29,7 @@ from .state_size import copies, state_dtype
 @torch.no_grad()
 def covariance_direction(grad: torch.Tensor, m: torch.Tensor, P: torch.Tensor, beta1: float, beta2: float,
                          tau: float) -> torch.Tensor:
-    """Update m and P in place (the server PreFedOpt's moments, :func:`fedhf.updates.covariance_moments_`); return
+    """Update m and P in place (the server PreFedOpt's moments, :func:`fedhf.core.updates.covariance_moments_`); return
     the direction m / sqrt(P + tau)."""
     covariance_moments_(grad, m, P, beta1, beta2)
     return m / (P + tau).sqrt()

@@ -35,8 +35,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..params import augment
-from ..theta import SYMMETRIC_PSD
+from ..core.params import augment
+from ..core.theta import SYMMETRIC_PSD
 from .base import FederatedOptimizer, NamedParams, TensorDict, theta_key
 from .state_size import nbytes
 

@@ -41,7 +41,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..checks import cpu_has_bf16_matmul
+from ..runtime.hardware import cpu_has_bf16_matmul
 from .gram_newton_schulz import orthogonalise
 from .muon_exact import NS5_COEFFICIENTS
 

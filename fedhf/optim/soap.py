@@ -47,7 +47,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..theta import GENERAL, SYMMETRIC_PSD
+from ..core.theta import GENERAL, SYMMETRIC_PSD
 from .base import FederatedOptimizer, NamedParams, TensorDict, split_theta_key, theta_key
 from .state_size import copies, nbytes
 

@@ -36,7 +36,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..theta import NONNEGATIVE
+from ..core.theta import NONNEGATIVE
 from .base import FederatedOptimizer, NamedParams
 from .state_size import copies
 

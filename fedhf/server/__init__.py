@@ -12,7 +12,7 @@ import inspect
 from functools import partial
 from typing import Any, Mapping, Optional
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .adaptive import AdaptiveServer
 from .base import Aggregator, ServerRule, ServerTransform
 from .covariance import CovarianceServer

@@ -6,7 +6,7 @@ With D the aggregated direction (the mean for FedOpt; ALGORITHMS.md 2.6):
     adagrad: v <- v + D^2 ;  yogi: v <- v - (1 - b2) D^2 sign(v - D^2) ;  adam: v <- b2 v + (1 - b2) D^2
     x <- x + eta_g m / (sqrt(v) + tau)
 No bias correction; m^0 = 0 and v^0 = tau^2. Defaults b1 0.9, b2 0.99, tau 1e-3 (FedPM App. C.3, PreFed sec. 6).
-The moments are those of the local AMSGrad (:func:`fedhf.updates.adaptive_moments_`, one function for both).
+The moments are those of the local AMSGrad (:func:`fedhf.core.updates.adaptive_moments_`, one function for both).
 Useful when the pseudo-gradient scale differs a lot between coordinates (e.g. LoRA B vs A, the head).
 """
 
@@ -16,9 +16,9 @@ from typing import Tuple
 
 import torch
 
-from ..context import ServerContext
-from ..params import TensorDict
-from ..updates import SECOND_MOMENTS, adaptive_moments_
+from ..core.context import ServerContext
+from ..core.params import TensorDict
+from ..core.updates import SECOND_MOMENTS, adaptive_moments_
 from .base import ServerTransform
 
 KINDS = SECOND_MOMENTS

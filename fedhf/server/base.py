@@ -5,9 +5,9 @@
     x^{r+1} = x^r + D
 
 so FedAdam is ``mean+adam`` and a robust FedAvgM is ``median+momentum``. Every part takes the same inputs: the
-round's :class:`fedhf.context.ServerContext` (with ``mean_delta``, the ``gathered`` updates when the aggregator
+round's :class:`fedhf.core.context.ServerContext` (with ``mean_delta``, the ``gathered`` updates when the aggregator
 gathers, and the sums of the server rule's own client messages). An aggregator may have a client half
-(:meth:`Aggregator.client_end`, FedPM's preconditioner upload), which returns a :class:`fedhf.message.Message`.
+(:meth:`Aggregator.client_end`, FedPM's preconditioner upload), which returns a :class:`fedhf.core.message.Message`.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Sequence, Tuple
 
-from ..context import ClientContext, ServerContext
-from ..message import Message
-from ..params import TensorDict
+from ..core.context import ClientContext, ServerContext
+from ..core.message import Message
+from ..core.params import TensorDict
 
 
 class Aggregator(ABC):
     """How the round's client updates become one direction D."""
 
     name = "aggregator"
-    #: Needs each client's update (robust statistics), not only sums: the trainer gathers them (fedhf.aggregation).
+    #: Needs each client's update (robust statistics), not only sums: the trainer gathers them (fedhf.core.sums).
     gathers = False
     #: Needs the local optimizer's :meth:`~fedhf.optim.base.OptimizerHooks.preconditioners` (checked at compose).
     needs_preconditioners = False
@@ -48,7 +48,7 @@ class Aggregator(ABC):
 
     def base_residual(self, new_params: TensorDict, ctx: ServerContext) -> TensorDict:
         """What to fold into each adapted layer's base weight, keyed by the name of its LoRA A, before the scale
-        alpha/r (only with ``folds_into_base``; :class:`fedhf.lora.BaseFold` applies it)."""
+        alpha/r (only with ``folds_into_base``; :class:`fedhf.runtime.lora_layers.BaseFold` applies it)."""
         return {}
 
     def __repr__(self) -> str:

@@ -11,7 +11,7 @@ Clients run plain local SGD; the server treats the per-step average model change
 m^0 = P^0 = 0. Two typos of the paper's listing are fixed (ALGORITHMS.md 5.12): its m update reads
 "(b1 - 1)(D_t - m_{t-1})", taken as the usual EMA, and its "-" before eta would ascend since Delta = w_K - w_t,
 so the step is "+". The numerator is D, not m, as written (the SDProp form): m only centres the variance.
-The moments are the local PreFed optimizer's (:func:`fedhf.updates.covariance_moments_`, one function for both).
+The moments are the local PreFed optimizer's (:func:`fedhf.core.updates.covariance_moments_`, one function for both).
 Defaults: eta 0.05 (the server step of the experiments, sec. 6; the Alg. 3 header says 0.002), b1 = b2 = 0.9
 (experiments), tau 1e-3.
 """
@@ -22,9 +22,9 @@ from typing import Tuple
 
 import torch
 
-from ..context import ServerContext
-from ..params import TensorDict
-from ..updates import covariance_moments_
+from ..core.context import ServerContext
+from ..core.params import TensorDict
+from ..core.updates import covariance_moments_
 from .base import ServerTransform
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from ..context import ServerContext
-from ..params import TensorDict
+from ..core.context import ServerContext
+from ..core.params import TensorDict
 from .base import Aggregator, ServerTransform
 
 

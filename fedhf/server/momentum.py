@@ -11,8 +11,8 @@ from typing import Tuple
 
 import torch
 
-from ..context import ServerContext
-from ..params import TensorDict
+from ..core.context import ServerContext
+from ..core.params import TensorDict
 from .base import ServerTransform
 
 

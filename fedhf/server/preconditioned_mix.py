@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from ..context import ClientContext, ServerContext
-from ..message import Message
-from ..params import TensorDict, augment
+from ..core.context import ClientContext, ServerContext
+from ..core.message import Message
+from ..core.params import TensorDict, augment
 from .base import Aggregator
 
 

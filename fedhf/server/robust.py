@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..context import ServerContext
-from ..params import TensorDict
+from ..core.context import ServerContext
+from ..core.params import TensorDict
 from .base import Aggregator
 
 

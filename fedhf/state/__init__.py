@@ -1,4 +1,5 @@
-from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from .store import ClientStateStore
+"""The run's persistent state: checkpoints (safetensors + JSON, checksummed, atomic), the run state, rotation."""
 
-__all__ = ["CheckpointError", "ClientStateStore", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+
+__all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]

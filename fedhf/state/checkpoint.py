@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..params import TensorDict
+from ..core.params import TensorDict
 
 FORMAT = 1
 MANIFEST = "manifest.json"

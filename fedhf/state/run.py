@@ -1,9 +1,9 @@
 """Everything a federated run carries from one round to the next, and its checkpoint form.
 
 Nothing else is needed to resume bit for bit: client sampling, data order, dropout and every other random
-draw come from (seed, round, client) streams (:mod:`fedhf.schedule`); optimizer state that outlives a round is
+draw come from (seed, round, client) streams (:mod:`fedhf.core.schedule`); optimizer state that outlives a round is
 either the broadcast Thetabar (``sync_state``) or per-client state in the client store. A round checkpoint also
-holds the best round (fedhf/best_model.py) and, under fp16, the loss scaler's state (fedhf/loss_scaling.py).
+holds the best round (fedhf/trainer/best_round.py) and, under fp16, the loss scaler's state (fedhf/trainer/loss_scaling.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
-from ..params import TensorDict
+from ..core.params import TensorDict
 from .checkpoint import LEGACY_PREFIX, PREFIX, latest_checkpoint
 
 #: Config fields that must match between a checkpoint and the run resuming from it.
@@ -40,7 +40,7 @@ class RunState:
     server_state: TensorDict
     correction_state: TensorDict
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar of average_warmstart / compressed_average
-    personal_init: TensorDict = field(default_factory=dict)  # personal tensors at the start (fedhf/sharing.py)
+    personal_init: TensorDict = field(default_factory=dict)  # personal tensors at the start (fedhf/sharing/plan.py)
     base_params: TensorDict = field(default_factory=dict)  # frozen base weights a server rule folds into (FedEx-LoRA)
     rounds_done: int = 0
     uplink_bytes: float = 0.0

@@ -1,6 +1,6 @@
 """State-sync rules, by name (the ``state_sync`` field of FederatedConfig)."""
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .compressed import CompressedAverage, compression_rank, low_rank
 from .rules import AverageWarmstart, PersistLocal, Reset, StateSync
 

@@ -4,7 +4,7 @@
 Each client uploads, for every state tensor with ndim >= 2 reshaped to (m, n) = (shape[0], rest), a rank-r
 factorisation with r = max(1, floor(c m n / (m + n + 1))), so the upload is about a fraction c of the tensor;
 when r (m + n + 1) >= m n the factorisation would not be smaller and the tensor is sent dense (e.g. LoRA A of
-16 x 768 at c = 0.05). Kinds of state (declared by the optimizer beside its Theta keys, :mod:`fedhf.theta`) get
+16 x 768 at c = 0.05). Kinds of state (declared by the optimizer beside its Theta keys, :mod:`fedhf.core.theta`) get
 the factorisation that keeps their structure:
 
 * general (Muon momentum): truncated SVD U_r diag(S_r) V_r^T, r (m + n + 1) floats;
@@ -24,10 +24,10 @@ from typing import Mapping, Optional, Tuple
 
 import torch
 
-from ..context import ClientContext
-from ..message import Message
-from ..params import TensorDict
-from ..theta import GENERAL, NONNEGATIVE, SYMMETRIC_PSD
+from ..core.context import ClientContext
+from ..core.message import Message
+from ..core.params import TensorDict
+from ..core.theta import GENERAL, NONNEGATIVE, SYMMETRIC_PSD
 from .rules import AverageWarmstart, contribute
 
 

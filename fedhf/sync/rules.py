@@ -14,7 +14,7 @@ count its bytes.
 
 The protocol (:class:`StateSync`): ``client_begin(ctx, optimizer)`` may import Theta into the fresh optimizer;
 ``client_end(ctx, theta, kinds)`` returns the client's message (``kinds``: the structure the optimizer declares
-for each Theta entry, :mod:`fedhf.theta`); ``server_update(state, ctx)`` returns what is broadcast next round.
+for each Theta entry, :mod:`fedhf.core.theta`); ``server_update(state, ctx)`` returns what is broadcast next round.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Mapping, Optional
 
 import torch
 
-from ..context import ClientContext, ServerContext
-from ..message import Message
-from ..params import TensorDict
+from ..core.context import ClientContext, ServerContext
+from ..core.message import Message
+from ..core.params import TensorDict
 
 STORE_KEY = "optimizer_theta"
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ClientContext, ServerContext, TrainedPart
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ClientContext, ServerContext, TrainedPart
 from fedhf.corrections import CORRECTIONS
-from fedhf.state import ClientStateStore
+from fedhf.core.client_store import ClientStateStore
 
 # kwargs that make each correction act (non-zero mixing / proximal weights)
 CASES = {"none": {}, "proximal": {"mu": 0.3}, "control_variate": {}, "global_mix": {"beta": 0.5},

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ClientContext, ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ClientContext, ServerContext
 from fedhf.corrections import ControlVariate, GlobalMix, Proximal
-from fedhf.state import ClientStateStore
+from fedhf.core.client_store import ClientStateStore
 
 
 def _ctx(param, grad, global_value, correction_state, store=None, lr=0.1, steps=2, client_id=3):

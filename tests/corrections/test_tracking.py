@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ClientContext, ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ClientContext, ServerContext
 from fedhf.corrections.tracking import ParameterTracking, tracked_clients
 from fedhf.optim.amsgrad import AMSGradNoBias
-from fedhf.state import ClientStateStore
+from fedhf.core.client_store import ClientStateStore
 
 X0 = [1.0, -1.0]
 Y = [0.2, -0.1]

@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tweet_texts():
-    from fedhf.demo_data import load_tweets, subsample
+    from fedhf.data.demo import load_tweets, subsample
 
     return subsample(load_tweets()["train"], 3000, seed=0).remove_columns("label")

@@ -10,7 +10,7 @@ import torch
 from fedhf.data import dirichlet_partition, split_dataset
 from fedhf.data.embedding_key import embed_texts, kmeans
 
-from ..helpers import config
+from tests.helpers import config
 
 
 def _is_lloyd_fixed_point(points, assign, centers):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedhf.data import dirichlet_partition, iid_partition, label_skew, natural_partition, partition_report, \
-    save_partition_report
+from fedhf.data import (dirichlet_partition, iid_partition, label_skew, natural_partition, partition_report,
+    save_partition_report)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhf.data.sft import IGNORE_INDEX, SFTCollator, pack, tokenize_sft
-from fedhf.demo_data import tiny_llama
+from fedhf.data.demo import tiny_llama
 
 # A small explicit template (MiniLM's tokenizer ships none): role header, content, end-of-turn marker.
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} [SEP] {% endfor %}"

@@ -11,7 +11,7 @@ import pytest
 
 from fedhf.data import derive_key, label_skew, power_law_sizes, save_partition_report, split_dataset
 
-from ..helpers import config, digit_trainer, tiny_resnet
+from tests.helpers import config, digit_trainer, tiny_resnet
 
 
 def _length_split(tmp_path, dataset, **kw):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fedhf.demo_data import tiny_llama
+from fedhf.data.demo import tiny_llama
 from fedhf.metrics.generation import GenerationEvalCallback, first_word, first_word_accuracy, generate_answers
 
 

@@ -8,7 +8,7 @@ import torch
 from fedhf.optim import MuonAdamW
 from fedhf.optim.muon import route_to_muon
 
-from ..helpers import lora_minilm
+from tests.helpers import lora_minilm
 
 
 def _ill_conditioned_gradient(rows=32, cols=16, seed=0):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fedhf.optim.base import ModelAccess
 from fedhf.optim.sophia import (Sophia, gnb_estimate, hutchinson_estimate, labelled_rows, sophia_update,
-                                 sophia_update_foreach)
+    sophia_update_foreach)
 
 
 def _access(model, forward=None):

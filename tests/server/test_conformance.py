@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ServerContext
 from fedhf.server import AGGREGATORS, SERVER_TRANSFORMS
 
 TRANSFORMS = {"lr": {}, "momentum": {"beta": 0.5}, "adam": {}, "yogi": {}, "adagrad": {}, "prefedopt": {}}

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ServerContext
 from fedhf.server.covariance import CovarianceServer
 
 X0 = [1.0, -2.0, 0.5]

@@ -12,11 +12,11 @@ from peft.tuners.lora import LoraLayer
 from transformers import TrainerCallback
 
 from fedhf import FederatedTrainer
-from fedhf.demo_data import tiny_llama
-from fedhf.lora import lora_layers
+from fedhf.data.demo import tiny_llama
+from fedhf.runtime.lora_layers import lora_layers
 from fedhf.data.sft import SFTCollator
 
-from ..helpers import config, tweet_sft
+from tests.helpers import config, tweet_sft
 
 CLIENTS = 3
 
@@ -160,8 +160,8 @@ def test_fedsvd_clients_train_only_b_and_the_server_makes_a_orthonormal(tokenize
 
 
 def _flora_a(seed: int, round_index: int) -> torch.Tensor:
-    from fedhf.aggregation import RoundSums
-    from fedhf.context import ServerContext
+    from fedhf.core.sums import RoundSums
+    from fedhf.core.context import ServerContext
     from fedhf.server.lora import FLoRA
 
     x = {"l.lora_A.default.weight": torch.zeros(4, 16), "l.lora_B.default.weight": torch.zeros(8, 4)}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ClientContext, ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ClientContext, ServerContext
 from fedhf.optim.base import ModelAccess
 from fedhf.optim.foof import FOOF, damped_cholesky, foof_direction
 from fedhf.optim import LocalOptimizer
-from fedhf.params import num_bytes, snapshot
+from fedhf.core.params import num_bytes, snapshot
 from fedhf.server import ServerRule, Step
 from fedhf.server.preconditioned_mix import PreconditionedMix, preconditioned_mix
 

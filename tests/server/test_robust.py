@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ServerContext
 from fedhf.server import SERVER_RULES, RobustAggregator, ServerRule, Step
 from fedhf.server.robust import coordinate_median, trimmed_mean
 

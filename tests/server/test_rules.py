@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ServerContext
 from fedhf.server import AdaptiveServer, ServerMomentum, Step
 
 X0 = [1.0, -2.0, 0.5]
@@ -104,7 +104,7 @@ def test_median_then_momentum_matches_hand_computation():
 
 
 def test_server_adam_and_local_amsgrad_share_one_update_function():
-    """FedAdam's moments are the local AMSGrad's (fedhf.updates.adaptive_moments_): the first server step from
+    """FedAdam's moments are the local AMSGrad's (fedhf.core.updates.adaptive_moments_): the first server step from
     D equals lr times the local Adam (amsgrad=False) direction from gradient D, with eps = tau and v^0 = tau^2."""
     from fedhf.optim.amsgrad import amsgrad_no_bias_direction
 

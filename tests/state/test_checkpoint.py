@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from fedhf.state import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resume_run.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "resume_run.py")
 
 
 def _run(out_dir, result, *flags):

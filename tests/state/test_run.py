@@ -10,7 +10,7 @@ import pytest
 
 from fedhf.state.run import check_fingerprint, fingerprint
 
-from ..helpers import config
+from tests.helpers import config
 
 
 @pytest.mark.parametrize("changed", [{"partition_key": "length"}, {"partition_key_buckets": 5},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fedhf.state import ClientStateStore
+from fedhf.core.client_store import ClientStateStore
 
 
 def test_state_beyond_the_budget_goes_to_disk_and_comes_back_exactly(tmp_path):

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ClientContext, ServerContext
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ClientContext, ServerContext
 from fedhf.optim import LocalOptimizer
-from fedhf.state import ClientStateStore
+from fedhf.core.client_store import ClientStateStore
 from fedhf.sync import STATE_SYNCS
 
 CASES = {"reset": {}, "persist_local": {}, "average_warmstart": {}, "compressed_average": {"fraction": 0.05}}

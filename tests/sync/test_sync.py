@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhf.aggregation import RoundSums
-from fedhf.context import ClientContext
-from fedhf.state import ClientStateStore
+from fedhf.core.sums import RoundSums
+from fedhf.core.context import ClientContext
+from fedhf.core.client_store import ClientStateStore
 from fedhf.metrics import drift, spectral_drift
 from fedhf.sync import AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, low_rank
 from fedhf.optim import SOAP, Sophia

@@ -1,0 +1,111 @@
+"""The process world: which processes share a run, read from one place.
+
+Clients are spread over processes by a fixed map (client id modulo the number of processes), and a round ends
+with one all-reduce of the summed messages. Both must count the same processes: if the map believed it was
+alone while torch.distributed held two processes, each process would train every sampled client and the
+all-reduce would add both copies (twice the participants, twice the bytes, and a wrong model for every server
+rule whose update depends on the count, e.g. SCAFFOLD's c). :func:`process_world` is the single source both
+read, and it refuses a run whose TrainingArguments disagree with torch.distributed.
+
+Why they could disagree: under ``torchrun``/``accelerate launch`` on a machine without a GPU, accelerate
+(1.x) initialises the process group (torch picks gloo) but, unless ``use_cpu=True``, reports
+``DistributedType.NO`` with one process (it only maps a launch to MULTI_CPU when told it is on CPU).
+:func:`cpu_only_launch` detects that case so FederatedConfig can set ``use_cpu`` before devices are set up.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import torch
+
+
+def launched_processes() -> int:
+    """How many processes the launcher started (torchrun, accelerate launch, mpirun); 1 when run directly."""
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        if os.environ.get(name, "").strip().isdigit():
+            return int(os.environ[name])
+    return 1
+
+
+def has_distributed_accelerator() -> bool:
+    """A device accelerate can run one process per (CUDA, XPU, NPU, HPU, ...); Apple's MPS has no multi-process
+    backend, so it counts as none here."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return accelerator is not None and accelerator.type != "mps"
+
+
+def cpu_only_launch() -> bool:
+    """Several processes launched on a machine whose only multi-process backend is the CPU (gloo)."""
+    return launched_processes() > 1 and not has_distributed_accelerator()
+
+
+@dataclass(frozen=True)
+class ProcessWorld:
+    rank: int = 0
+    size: int = 1
+    client_parallel: bool = False  # every process trains every client together (fedhf/trainer/client_parallel.py)
+
+    @property
+    def sends_messages(self) -> bool:
+        """Whether this process adds its clients' messages to the round's sums: under client_parallel every
+        process holds the same messages, so only process 0 adds them (each client counted once)."""
+        return not self.client_parallel or self.rank == 0
+
+    def owns(self, client_id: int) -> bool:
+        """The fixed client -> process map (id modulo size): per-client state stays where its client trains."""
+        return self.client_parallel or client_id % self.size == self.rank
+
+    def clients_of_this_process(self, clients: Sequence[int]) -> List[int]:
+        return [c for c in clients if self.owns(c)]
+
+
+def process_world(args, client_parallel: bool = False) -> ProcessWorld:
+    """The world torch.distributed holds, checked against what the TrainingArguments report; ``client_parallel``:
+    every process trains every client together (``FederatedConfig.client_parallel``).
+
+    Raises before any work when they disagree: spreading clients by one count and summing by another trains
+    some clients twice (or never) and corrupts count-dependent server updates.
+    """
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        world = ProcessWorld(dist.get_rank(), dist.get_world_size(), client_parallel)
+    else:
+        world = ProcessWorld(client_parallel=client_parallel)
+    if (world.size, world.rank) != (args.world_size, args.process_index):
+        raise RuntimeError(
+            f"torch.distributed holds {world.size} process(es) (this is rank {world.rank}) but the "
+            f"TrainingArguments report world_size={args.world_size}, process_index={args.process_index}. Clients "
+            "would be trained twice and summed twice. On a machine without a GPU create the config with "
+            "`use_cpu=True` (FederatedConfig does this itself when it sees a CPU-only launch; a config built "
+            "before torch.distributed was initialised, or with a custom `accelerator_config`, can miss it), or "
+            "launch with a single process."
+        )
+    return world
+
+
+_teardown_registered = False
+
+
+def destroy_process_group_at_exit() -> None:
+    """Once per process, when torch.distributed is initialised: destroy its default group at interpreter exit.
+
+    A process that ends with a live gloo group can die with SIGABRT after its work is done: gloo's worker
+    threads still hold tensors whose release needs the GIL while the interpreter is being torn down
+    (pytorch/pytorch#179291; it hit this repo's CI once, and is rare). ``atexit`` runs while Python is whole. A
+    group the user's script destroyed itself is left alone.
+    """
+    global _teardown_registered
+    dist = torch.distributed
+    if _teardown_registered or not (dist.is_available() and dist.is_initialized()):
+        return
+
+    def teardown() -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    atexit.register(teardown)
+    _teardown_registered = True

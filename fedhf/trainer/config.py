@@ -1,0 +1,304 @@
+"""FederatedConfig: ``transformers.TrainingArguments`` plus the federation (trl's SFTConfig pattern), so
+``HfArgumentParser``, YAML recipes, ``report_to``, ``output_dir``, ``per_device_train_batch_size``,
+``max_grad_norm``, ``bf16``, ``seed`` and the rest keep their usual meaning.
+
+Differences from TrainingArguments, on purpose:
+* ``learning_rate`` and ``weight_decay`` default to ``None``: the algorithm's paper defaults apply unless set
+  (SGD-based federated algorithms want lr 0.1, not Trainer's 5e-5).
+* ``gradient_accumulation_steps`` G: one local step is one optimizer step over G micro-batches of
+  ``per_device_train_batch_size`` rows (see ``FederatedTrainer._local_steps`` for the mean it matches).
+* The learning rate follows ``round_lr_schedule`` over rounds (cosine by default, constant within a round, as
+  in the papers); ``max_steps``, ``num_train_epochs`` and ``warmup_steps`` are refused (set num_rounds/local_steps),
+  as are ``lr_scheduler_type`` and ``optim`` (set ``round_lr_schedule`` / ``local_optimizer``).
+* One "step" of the trainer state is one round: ``eval_strategy="steps"``/``eval_steps`` set ``eval_every_rounds``,
+  ``save_strategy="steps"``/``save_steps`` set ``save_every_rounds``, ``logging_steps`` (default 1) counts rounds.
+  Whenever an ``eval_dataset`` is given the global model is evaluated every ``eval_every_rounds`` rounds and after
+  the last (``eval_on_start`` adds round 0). Every TrainingArguments field is honoured, refused with the fix, or
+  listed as having no effect in fedhf/trainer/settings.py (the README's "Trainer settings" table).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+from transformers import TrainingArguments
+
+from .config_checks import check_batch_sizes, check_mixed_precision, check_output_dir, coerce_numeric_strings
+from ..data import PARTITION_KEYS, PARTITIONERS
+from ..data.embedding_key import check_encoder
+from ..runtime.processes import cpu_only_launch
+from .hub import check_hub_access
+from .settings import check_ddp_timeout, map_round_strategies, refuse_unsupported
+
+ROUND_SCHEDULES = ("cosine", "constant")
+TRAINING_ARGUMENTS_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
+                               for f in fields(TrainingArguments) if f.default is not MISSING
+                               or f.default_factory is not MISSING}
+CLIENT_WEIGHTINGS = ("uniform", "num_samples")
+
+
+def _as_dict(value: Union[str, Dict[str, Any], None], name: str) -> Dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"`{name}` must be a dict or a JSON object string, got {value!r} ({err}).") from None
+        if isinstance(parsed, dict):
+            return parsed
+    raise ValueError(f"`{name}` must be a dict or a JSON object string such as '{{\"beta\": 0.5}}', got {value!r}.")
+
+
+@dataclass
+class FederatedConfig(TrainingArguments):
+    # --- the federation ---
+    num_clients: int = field(default=10, metadata={"help": "Number of simulated clients N."})
+    clients_per_round: Optional[int] = field(
+        default=None, metadata={"help": "Clients sampled per round without replacement (S); default: all N."})
+    num_rounds: int = field(default=10, metadata={"help": "Communication rounds R."})
+    local_steps: int = field(
+        default=10, metadata={"help": "Optimizer steps K per client per round; a client cycles its data as needed."})
+    client_weighting: str = field(
+        default="uniform",
+        metadata={"help": "Weight w_i of a client in the means: 'uniform' (every seed paper) or 'num_samples'."})
+    max_update_norm: Optional[float] = field(
+        default=None,
+        metadata={"help": "Exclude a client whose update norm exceeds this (non-finite loss or update always is)."})
+    max_excluded_rounds: int = field(
+        default=3,
+        metadata={"help": "Stop with an error when every client is excluded in this many consecutive rounds "
+                          "(the model no longer changes; usually learning_rate too large); 0 = never stop."})
+    client_state_budget_mb: Optional[float] = field(
+        default=None,
+        metadata={"help": "Memory for per-client state (SCAFFOLD c_i, ...), on the model's device (GPU memory when "
+                          "training on a GPU); beyond it, least recently used clients go to `client_state_dir` as "
+                          "safetensors. Default: unlimited."})
+    client_state_dir: Optional[str] = field(
+        default=None, metadata={"help": "Where per-client state spills to; default: output_dir/client_state."})
+    batched_clients: int = field(
+        default=1,
+        metadata={"help": "Train this many of a round's clients at once: their adapters stacked on the one resident "
+                          "base, one forward/backward over their concatenated batches, each client its own "
+                          "gradient, optimizer and correction (fedhf/runtime/stacked_adapters.py). 1 = one at a time."})
+    client_parallel: bool = field(
+        default=False,
+        metadata={"help": "With several processes: all of them train each sampled client together, its batches split "
+                          "across processes and the gradients all-reduced per step (fedhf/trainer/client_parallel.py), "
+                          "instead of spreading the clients over the processes."})
+    memory_budget_gb: Optional[float] = field(
+        default=None,
+        metadata={"help": "Refuse to start (before any training or file write) when the memory plan printed at the "
+                          "start of train() exceeds this many GiB per process (fedhf/trainer/memory_plan.py). "
+                          "None = no check."})
+    # --- the split ---
+    partition: str = field(default="dirichlet", metadata={"help": f"How rows go to clients: {PARTITIONERS}."})
+    partition_column: str = field(
+        default="label",
+        metadata={"help": "Categorical column for 'dirichlet' (label skew) or 'natural' (one client per value)."})
+    dirichlet_alpha: float = field(
+        default=0.5, metadata={"help": "Dirichlet concentration: smaller is more skewed (0.1 strong, 100 ~ IID)."})
+    min_partition_size: int = field(default=1, metadata={"help": "Fewest rows any client may get (dirichlet)."})
+    partition_max_retries: int = field(
+        default=100, metadata={"help": "Redraws of a Dirichlet split before giving up with an error."})
+    partition_key: str = field(
+        default="column",
+        metadata={"help": f"What 'dirichlet'/'natural' split by, for data with or without labels {PARTITION_KEYS}: "
+                          "'column' = the values of partition_column (a float column in quantile buckets), 'length' "
+                          "= quantile bucket of the length of partition_column (text or token ids), 'embedding' = "
+                          "k-means cluster of its text's sentence embedding (partition_encoder). A callable row -> "
+                          "key: FederatedTrainer(partition_key=fn). See fedhf/data/keys.py."})
+    partition_key_buckets: int = field(
+        default=4, metadata={"help": "Quantile buckets of a 'length' key or a float column (fewer when values tie); "
+                                     "clusters of an 'embedding' key."})
+    partition_encoder: Optional[str] = field(
+        default=None,
+        metadata={"help": "Local sentence-encoder folder for partition_key='embedding' (k-means over the embeddings "
+                          "of partition_column's text, k = partition_key_buckets), e.g. the bundled MiniLM."})
+    quantity_skew: float = field(
+        default=0.0,
+        metadata={"help": "Power-law client sizes: client i gets min_partition_size + a share of the rest in "
+                          "proportion to (i+1)**-quantity_skew (0 = no quantity skew). With 'iid' or 'dirichlet'."})
+    client_eval_fraction: float = field(
+        default=0.0,
+        metadata={"help": "Hold out this fraction of each client's rows (seeded, at least 1) as that client's own "
+                          "evaluation set, never trained on: FederatedTrainer.client_eval_partitions."})
+    personalized_eval: bool = field(
+        default=False,
+        metadata={"help": "At every evaluated round, also evaluate each client's own model (global + its personal "
+                          "tensors) on its held-out rows (needs client_eval_fraction > 0) and log the mean, the "
+                          "worst client and the std over clients as personal_eval_* (fedhf/trainer/personal_eval.py)."})
+    # --- the algorithm: a name, or any of its four axes replaced ---
+    algorithm: str = field(default="fedavg", metadata={"help": "Named algorithm; see fedhf.algorithms.list_algorithms()."})
+    algorithm_kwargs: Optional[Union[dict, str]] = field(
+        default=None, metadata={"help": "Keyword arguments of the named algorithm (dict or JSON string)."})
+    local_optimizer: Optional[str] = field(
+        default=None, metadata={"help": "Replace the local optimizer: sgd, adamw, muon, soap, sophia, foof, amsgrad, "
+                                        "covariance_adam, or any torch.optim class name."})
+    local_optimizer_kwargs: Optional[Union[dict, str]] = field(
+        default=None, metadata={"help": "Keyword arguments of the local optimizer (dict or JSON string)."})
+    correction: Optional[str] = field(
+        default=None, metadata={"help": "Replace the correction: none, proximal, control_variate, global_mix, "
+                                        "control_variate_post, gradient_tracking."})
+    correction_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Correction kwargs."})
+    server_rule: Optional[str] = field(
+        default=None, metadata={"help": "Replace the server rule: mean, momentum, adam, yogi, adagrad, median, "
+                                        "trimmed_mean, preconditioned_mix, prefedopt, or a chain "
+                                        "'<aggregator>+<transform>+...' such as 'median+momentum'."})
+    server_rule_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Server rule kwargs."})
+    state_sync: Optional[str] = field(
+        default=None, metadata={"help": "Replace the optimizer-state sync: reset, persist_local, average_warmstart, "
+                                        "compressed_average."})
+    state_sync_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "State sync kwargs."})
+    parameter_sharing: str = field(
+        default="all", metadata={"help": "Which trainable tensors are shared, personal (kept per client) or frozen: "
+                                         "all, fedsa (LoRA B personal), ffa (LoRA A frozen at a seeded init), "
+                                         "personal_head, personal_norm, rolora (LoRA A and B trained in alternate "
+                                         "rounds) (fedhf/sharing/plan.py)."})
+    parameter_sharing_kwargs: Optional[Union[dict, str]] = field(
+        default=None, metadata={"help": 'Name patterns (regular expressions) overriding the preset: '
+                                        '{"personal": [...], "frozen": [...], "shared": [...]}.'})
+    lora_client_ranks: Optional[List[int]] = field(
+        default=None,
+        metadata={"help": "Heterogeneous LoRA ranks, one per client: client i trains the first r_i rank components of "
+                          "the global adapter (the rest zeroed). Needs a product rule (flexlora, flora, fedex_lora, "
+                          "fedsvd); see fedhf/sharing/client_ranks.py."})
+    drift_spectral: bool = field(
+        default=False,
+        metadata={"help": "Also log FedPAC's layer-wise spectral drift mean_i ||Theta_i - Thetabar||_2 per Theta "
+                          "tensor (precond_drift_spectral*). Costs one matrix 2-norm per tensor and client, and "
+                          "keeps the round's Theta_i in memory until the round's sums are in."})
+    round_lr_schedule: str = field(
+        default="cosine", metadata={"help": "Learning rate over rounds: 'cosine' (to 0, the papers') or 'constant'."})
+    # --- TrainingArguments fields whose default changes meaning here ---
+    learning_rate: Optional[float] = field(
+        default=None, metadata={"help": "Peak local learning rate; default: the algorithm's paper default."})
+    weight_decay: Optional[float] = field(
+        default=None, metadata={"help": "Local weight decay; default: the algorithm's paper default."})
+    average_tokens_across_devices: bool = field(
+        default=False,
+        metadata={"help": "Kept off: local steps never all-reduce gradients, so there is nothing to average across "
+                          "processes (Trainer's default True scales eval_loss by the number of processes)."})
+    logging_steps: float = field(
+        default=1, metadata={"help": "Log every N rounds (with logging_strategy='steps'); one step is one round."})
+    # --- evaluation and saving ---
+    eval_every_rounds: int = field(
+        default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})
+    save_every_rounds: int = field(
+        default=0,
+        metadata={"help": "Every N rounds write output_dir/checkpoint-N (the run's full state, to resume "
+                          "with train(resume_from_checkpoint=...), and the global model under model/); 0 = never."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Allow a new run in an output_dir that holds an earlier federated run (its history is "
+                          "replaced, same-numbered checkpoints are rewritten). Off by default so nothing saved is "
+                          "lost silently."})
+    partition_report: bool = field(
+        default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training."})
+
+    def __post_init__(self) -> None:
+        if cpu_only_launch() and not self.use_cpu:
+            # Without use_cpu, accelerate reports one process under torchrun/accelerate launch on a machine with
+            # no GPU while torch.distributed holds them all: every process would train every client
+            # (fedhf/runtime/processes.py). On such a machine CPU is the only device anyway.
+            self.use_cpu = True
+        if (self.bf16 or self.bf16_full_eval) and not self.use_cpu and not torch.accelerator.is_available():
+            # CPU is the only device, and bf16 autocast runs there, but transformers refuses bf16 without use_cpu:
+            # a recipe with `bf16: true` would not load on a CPU-only machine (issue 12).
+            self.use_cpu = True
+        coerce_numeric_strings(self)  # before TrainingArguments compares them with numbers
+        check_output_dir(self.output_dir)
+        refuse_unsupported(self, TRAINING_ARGUMENTS_DEFAULTS)  # fedhf/trainer/settings.py: the README table
+        map_round_strategies(self)
+        super().__post_init__()
+        check_batch_sizes(self)
+        check_mixed_precision(self)
+        check_ddp_timeout(self)  # after use_cpu is settled above
+        check_hub_access(self)  # before Trainer creates the Hub repository
+        for name in ("algorithm_kwargs", "local_optimizer_kwargs", "correction_kwargs", "server_rule_kwargs",
+                     "state_sync_kwargs", "parameter_sharing_kwargs"):
+            setattr(self, name, _as_dict(getattr(self, name), name))
+        if self.clients_per_round is None:
+            self.clients_per_round = self.num_clients
+        checks = [
+            (self.num_clients >= 1, "`num_clients` must be >= 1"),
+            (self.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
+            (self.clients_per_round <= self.num_clients,
+             f"`clients_per_round`={self.clients_per_round} exceeds `num_clients`={self.num_clients}; lower it or "
+             "raise num_clients"),
+            (self.num_rounds >= 1, "`num_rounds` must be >= 1"),
+            (self.local_steps >= 1, f"`local_steps` must be >= 1 (got {self.local_steps})"),
+            (self.partition in PARTITIONERS, f"`partition` must be one of {PARTITIONERS}, got {self.partition!r}"),
+            (self.dirichlet_alpha > 0,
+             f"`dirichlet_alpha` must be > 0 (got {self.dirichlet_alpha}); 0.1 is strongly skewed, 100 nearly IID"),
+            (self.min_partition_size >= 1, "`min_partition_size` must be >= 1: every client needs data"),
+            (self.partition_max_retries >= 1, "`partition_max_retries` must be >= 1"),
+            (self.partition_key in PARTITION_KEYS,
+             f"`partition_key` must be one of {PARTITION_KEYS} (or a callable passed as "
+             f"FederatedTrainer(partition_key=...)), got {self.partition_key!r}"),
+            (self.partition_key_buckets >= 2, f"`partition_key_buckets` must be >= 2 (got {self.partition_key_buckets})"),
+            ((self.partition_key == "embedding") == (self.partition_encoder is not None),
+             "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` embeds with, "
+             f"and only that key uses it: got partition_key={self.partition_key!r}, "
+             f"partition_encoder={self.partition_encoder!r}"),
+            (math.isfinite(self.quantity_skew) and self.quantity_skew >= 0,
+             f"`quantity_skew` must be a finite number >= 0 (got {self.quantity_skew}); 0 = equal sizes, 1 = Zipf"),
+            (self.quantity_skew == 0 or self.partition != "natural",
+             "`quantity_skew` does not apply to `partition='natural'` (its sizes are the data's); set it to 0 or use "
+             "'iid'/'dirichlet'"),
+            (0 <= self.client_eval_fraction < 1,
+             f"`client_eval_fraction` must be in [0, 1) (got {self.client_eval_fraction}); e.g. 0.1"),
+            (not self.personalized_eval or self.client_eval_fraction > 0,
+             "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is 0: "
+             "set client_eval_fraction (e.g. 0.1) or personalized_eval=False"),
+            (self.lora_client_ranks is None or (len(self.lora_client_ranks) == self.num_clients
+                                                and all(int(r) >= 1 for r in self.lora_client_ranks)),
+             f"`lora_client_ranks` needs one rank >= 1 per client ({self.num_clients}), got {self.lora_client_ranks}"),
+            (self.client_weighting in CLIENT_WEIGHTINGS, f"`client_weighting` must be one of {CLIENT_WEIGHTINGS}"),
+            (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
+            (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
+            (self.weight_decay is None or self.weight_decay >= 0, "`weight_decay` must be >= 0"),
+            (self.max_update_norm is None or self.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),
+            (self.max_excluded_rounds >= 0, "`max_excluded_rounds` must be >= 0 (0 = never stop)"),
+            (self.client_state_budget_mb is None or self.client_state_budget_mb >= 0,
+             "`client_state_budget_mb` must be >= 0 or unset"),
+            (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
+            (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
+            (self.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
+            (self.batched_clients >= 1, "`batched_clients` must be >= 1 (1 = one client at a time)"),
+            (self.memory_budget_gb is None or self.memory_budget_gb > 0, "`memory_budget_gb` must be > 0 or unset"),
+            (not self.average_tokens_across_devices,
+             "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
+             "clients (local steps never all-reduce); leave it False"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message + ".")
+        if self.partition_encoder is not None:
+            check_encoder(self.partition_encoder)  # a local folder, before any work
+        # Fails here, before any model or data is touched, on an unknown name or a bad keyword.
+        self.build_algorithm()
+        self.build_sharing()
+
+    def build_algorithm(self):
+        from ..algorithms import compose
+
+        return compose(
+            self.algorithm, self.algorithm_kwargs,
+            local_optimizer=self.local_optimizer, local_optimizer_kwargs=self.local_optimizer_kwargs,
+            correction=self.correction, correction_kwargs=self.correction_kwargs,
+            server_rule=self.server_rule, server_rule_kwargs=self.server_rule_kwargs,
+            state_sync=self.state_sync, state_sync_kwargs=self.state_sync_kwargs,
+            learning_rate=self.learning_rate, weight_decay=self.weight_decay,
+        )
+
+    def build_sharing(self):
+        from ..sharing.plan import ParameterSharing
+
+        return ParameterSharing.from_config(self.parameter_sharing, self.parameter_sharing_kwargs)

@@ -1,0 +1,236 @@
+"""The model card written beside every saved model (``save_model()``, each round checkpoint's model/, and
+``create_model_card()``/``push_to_hub()``), its federated section, and the Hub checks and upload.
+
+Model cards follow huggingface_hub's ``ModelCard`` format: YAML metadata (``base_model`` by its Hub id, ``tags``,
+``library_name``) then Markdown. peft's ``save_pretrained`` writes its own card with ``base_model`` set to the path
+the base was loaded from, often an absolute local path; ours replaces it and never names a local path. The card
+says what the folder holds (a peft adapter, with ``library_name: peft`` as peft writes it; or full weights, merged
+when the server rule changed the base weights) and how to load it, and its eval rows are the saved round's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+import yaml
+
+from ..metrics.history import is_quality_metric
+from ..state.checkpoint import PREFIX
+
+FEDERATED_TAGS = ["fedhf", "federated-learning"]
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """What a saved folder holds, for its card: ``kind`` is 'adapter' (a peft adapter for the base model),
+    'merged' (full weights: the base, changed by a rule that folds into it, with the adapter merged) or 'full'
+    (full weights of a model trained without peft); ``model_class`` the transformers class to load it with;
+    ``lora`` the adapter's settings (r, alpha, rsLoRA, target modules), if any; ``round`` the round it is from."""
+
+    kind: str
+    model_class: str
+    lora: Optional[dict] = None
+    round: Optional[int] = None
+
+
+def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
+    """The description of what ``save_model`` writes for ``model`` (``folded``: the server rule folds into the
+    base, so the merged model is written, see :meth:`fedhf.trainer.outputs.RunOutputs.published_model`)."""
+    from peft import LoraConfig, PeftModel
+
+    if not isinstance(model, PeftModel):
+        return SavedModel("full", type(model).__name__, None, round_index)
+    config = next(iter(model.peft_config.values()))
+    lora = None
+    if isinstance(config, LoraConfig):  # other peft methods (prompt tuning, ...) have no r / alpha
+        targets = config.target_modules
+        lora = {"r": config.r, "alpha": config.lora_alpha, "rslora": bool(config.use_rslora),
+                "targets": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
+    return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index)
+
+
+def _megabytes(value: float) -> str:
+    """Enough digits that a small LoRA run does not read 0.0 MB."""
+    return f"{value:,.1f}" if value >= 10 else f"{value:.4f}"
+
+
+def _saved_entry(history: List[dict], round_index: Optional[int]) -> Optional[dict]:
+    """The history entry of the saved round (the last one when none is named)."""
+    if round_index is None:
+        return history[-1] if history else None
+    return next((e for e in history if e.get("round") == round_index), None)
+
+
+def _sharing_row(args) -> str:
+    preset = args.parameter_sharing
+    personal = args.parameter_sharing_kwargs.get("personal") if args.parameter_sharing_kwargs else None
+    if preset in ("all", "ffa", "rolora") and not personal:
+        return f"| parameter sharing | {preset} (every trained tensor is global) |"
+    return (f"| parameter sharing | {preset}" + (f", kwargs {args.parameter_sharing_kwargs}"
+                                                   if args.parameter_sharing_kwargs else "")
+            + " (personal tensors: the saved ones are the clients' weighted mean; each client's own are in its "
+            "client state) |")
+
+
+def federated_card_section(args, algorithm, partition_summary: dict, history: List[dict],
+                           saved: Optional[SavedModel] = None) -> str:
+    sizes = partition_summary.get("sizes", [])
+    lines = [
+        "",
+        "## Federated training (fedhf)",
+        "",
+        f"Trained with fedhf `FederatedTrainer`: **{algorithm.name}** "
+        f"({algorithm.describe()}).",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        f"| clients (N) | {args.num_clients} |",
+        f"| clients per round (S) | {args.clients_per_round} |",
+        f"| rounds (R) | {args.num_rounds} |",
+        f"| local steps per round (K) | {args.local_steps} |",
+        f"| local optimizer / state sync / correction / server rule | {algorithm.local_optimizer.cls.__name__} / "
+        f"{algorithm.state_sync!r} / {algorithm.correction!r} / {algorithm.server_rule!r} |",
+        f"| local batch size x gradient accumulation steps | {args.per_device_train_batch_size} x "
+        f"{args.gradient_accumulation_steps} |",
+        f"| seed | {args.seed} |",
+        f"| fedhf version | {_version()} |",
+        f"| learning rate schedule over rounds | {args.round_lr_schedule}, peak {algorithm.local_optimizer.lr} |",
+        f"| partition | {args.partition}" + (f" (alpha={args.dirichlet_alpha}, key "
+                                             f"{partition_summary.get('key', args.partition_column)})"
+                                             if args.partition == "dirichlet" else "")
+        + (f", power-law sizes (exponent {args.quantity_skew})" if args.quantity_skew else "")
+        + (f", {args.client_eval_fraction:g} of each client's rows held out" if args.client_eval_fraction else "")
+        + " |",
+        _sharing_row(args),
+        f"| base weights | " + ("changed every round: the server rule folds the clients' mean LoRA product into "
+                               "them (W += s R) |" if algorithm.server_rule.folds_into_base else "frozen |"),
+    ]
+    if saved is not None and saved.lora is not None:
+        lora = saved.lora
+        lines.append(f"| LoRA | r={lora['r']}, alpha={lora['alpha']}, rsLoRA={lora['rslora']}, target modules "
+                     f"{lora['targets']} |")
+    if args.lora_client_ranks:
+        lines.append(f"| LoRA client ranks | {list(args.lora_client_ranks)} |")
+    if sizes:
+        lines.append(f"| rows per client (min / max) | {min(sizes)} / {max(sizes)} |")
+    if "label_skew" in partition_summary:
+        lines.append(f"| label skew (mean TV distance to the global mix) | {partition_summary['label_skew']:.3f} |")
+    entry = _saved_entry(history, saved.round if saved is not None else None)
+    if history:
+        lines.append(f"| communicated (up + down) | {_megabytes(history[-1].get('communicated_MB', 0.0))} MB |")
+    if entry is not None:
+        evals = {k: v for k, v in entry.items() if (is_quality_metric(k) or k == "eval_loss") and isinstance(v, float)}
+        for key, value in sorted(evals.items()):
+            lines.append(f"| final {key} (saved model, round {entry.get('round')}) | {value:.4f} |")
+    return "\n".join(lines) + "\n" + (_how_to_load(saved) if saved is not None else "")
+
+
+def _how_to_load(saved: SavedModel) -> str:
+    if saved.kind == "adapter":
+        what = ("This folder is a **peft LoRA adapter**; load it onto its base model:\n\n```python\n"
+                f"from peft import PeftModel\nfrom transformers import {saved.model_class}\n\n"
+                f"base = {saved.model_class}.from_pretrained(BASE_MODEL)\n"
+                "model = PeftModel.from_pretrained(base, PATH_OR_REPO_ID)\n```\n")
+    else:
+        kind = ("the **full model**: the base weights as the server rule changed them, with the final LoRA adapter "
+                "merged in (W + s B A, peft's `merge_and_unload`); it is not an adapter, and it needs no base model"
+                if saved.kind == "merged" else "the **full model weights**")
+        what = (f"This folder holds {kind}:\n\n```python\nfrom transformers import {saved.model_class}\n\n"
+                f"model = {saved.model_class}.from_pretrained(PATH_OR_REPO_ID)\n```\n")
+    return "\n### What the upload contains\n\n" + what
+
+
+def _version() -> str:
+    from ..version import __version__
+
+    return __version__
+
+
+def hub_base_model(model) -> Optional[str]:
+    """The base model's Hub id, or None when it was loaded from a local folder (a path is never published).
+    For a peft model, the adapter's ``base_model_name_or_path``; otherwise the config's ``_name_or_path``."""
+    peft_config = getattr(model, "peft_config", None)  # peft models only
+    if isinstance(peft_config, dict) and peft_config:
+        name = next(iter(peft_config.values())).base_model_name_or_path
+    else:
+        config = getattr(model, "config", None)
+        name = getattr(config, "_name_or_path", None) if config is not None else None
+    if not name or os.path.isabs(name) or os.path.exists(name) or name.startswith((".", "~")):
+        return None
+    return name
+
+
+def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str],
+               saved: Optional[SavedModel] = None) -> str:
+    """The whole card: metadata (``library_name: peft`` for an adapter, as peft writes it: it drives the Hub's
+    loading snippet), a title, and the federated section."""
+    library = "peft" if saved is not None and saved.kind == "adapter" else "transformers"
+    metadata = {"library_name": library, "tags": list(FEDERATED_TAGS) + [algorithm.name]}
+    if base_model:
+        metadata["base_model"] = base_model
+    title = f"# {os.path.basename(os.path.normpath(args.output_dir))}"
+    origin = (f"a fine-tuned version of [{base_model}](https://huggingface.co/{base_model})" if base_model
+              else "a fine-tuned model (its base model was loaded from a local folder)")
+    intro = f"This model is {origin}, trained federatedly over {args.num_clients} simulated clients with fedhf."
+    return ("---\n" + yaml.safe_dump(metadata, sort_keys=True) + "---\n\n" + title + "\n\n" + intro + "\n"
+            + federated_card_section(args, algorithm, partition_summary, history, saved))
+
+
+def write_model_card(directory: str, args, algorithm, partition_summary: dict, history: List[dict], model,
+                     saved: Optional[SavedModel] = None) -> str:
+    """Write ``directory``/README.md (replacing peft's or Trainer's); returns its path."""
+    path = os.path.join(directory, "README.md")
+    with open(path, "w") as f:
+        f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model), saved))
+    return path
+
+
+def check_hub_access(args) -> None:
+    """Before any work: ``push_to_hub=True`` needs the Hub (not offline) and a token. The token is never shown."""
+    if not args.push_to_hub:
+        return
+    from huggingface_hub import constants, get_token
+
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
+    if offline:
+        raise ValueError("`push_to_hub=True` but the Hub is offline (HF_HUB_OFFLINE is set): set push_to_hub=False "
+                         "to train offline (save_model() writes the card and weights locally), or unset "
+                         "HF_HUB_OFFLINE.")
+    if not (args.hub_token or get_token()):
+        raise ValueError("`push_to_hub=True` but no Hugging Face token was found: set HF_TOKEN (or run `hf auth "
+                         "login`, or pass `hub_token`), choose the repository with `hub_model_id`, or set "
+                         "push_to_hub=False.")
+
+
+def upload_operations(folder: str, path_in_repo: str = "") -> list:
+    """One ``CommitOperationAdd`` per file under ``folder`` (sorted), under ``path_in_repo``. Pickle files
+    (training_args.bin and the like) are never published."""
+    from huggingface_hub import CommitOperationAdd
+
+    operations = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith((".bin", ".pt", ".pth", ".pkl")):
+                continue
+            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            operations.append(CommitOperationAdd(path_in_repo=f"{path_in_repo}/{relative}" if path_in_repo else relative,
+                                                 path_or_fileobj=os.path.join(root, name)))
+    return operations
+
+
+def push_round_checkpoint(args, repo_id: str, model_dir: str, round_index: int):
+    """A round checkpoint's model (weights/adapter + card) to the Hub through ``HfApi.create_commit``, as
+    ``hub_strategy`` says: 'end' pushes nothing here (push_to_hub() at the end does), 'every_save'/'checkpoint'
+    replace the repository's model with this round's, 'all_checkpoints' adds it under checkpoint-N/."""
+    from huggingface_hub import HfApi
+
+    strategy = str(getattr(args.hub_strategy, "value", args.hub_strategy))
+    if strategy == "end":
+        return None
+    prefix = f"{PREFIX}{round_index}" if strategy == "all_checkpoints" else ""
+    return HfApi(token=args.hub_token).create_commit(
+        repo_id=repo_id, operations=upload_operations(model_dir, prefix), revision=args.hub_revision,
+        commit_message=f"fedhf: global model after round {round_index}")

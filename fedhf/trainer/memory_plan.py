@@ -1,0 +1,331 @@
+"""The memory plan: what a run holds at once, printed at the start of ``train()`` and checked against
+``memory_budget_gb`` before any training or file write.
+
+Rows (bytes; C = ``batched_clients``, the clients trained at once):
+
+* model -- every parameter and buffer of the resident model, by dtype, each storage once; quantised bitsandbytes
+  weights at their stored (packed uint8 / int8) size plus their quantisation constants.
+* adapter copies -- the trainable tensors x C when C > 1 (each batched client trains its own copy beside the model's).
+* gradients -- the trainable tensors x C (a gradient has its parameter's dtype).
+* optimizer state -- one client's state as its local optimizer declares it (``LocalOptimizer.state_bytes``) x C.
+* run state -- what the server carries between rounds (x^r and buffers in fp32, server-rule state, the correction's
+  broadcast state, Thetabar, the initial personal tensors, a folded base): measured on the run's own tensors.
+* client store -- per client: its correction state (SCAFFOLD c_i, tracking y_i), a kept Theta (at most the
+  optimizer state) and its personal tensors (fp32), x ``num_clients``; capped by ``client_state_budget_mb``
+  (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
+* round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
+  update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
+  counted at that state's size), the optimizer's Theta (counted at the whole optimizer state), and for the LoRA
+  product rules (FedEx-LoRA, FLoRA, FlexLoRA) the dense (out x in) product B A of every adapted layer.
+* client products -- those rules' one client's dense products in fp32 while its message is formed.
+* gathered updates -- robust rules that gather (median, trimmed mean, Krum...) keep every participant's update:
+  ``clients_per_round`` x the fp32 trainable tensors.
+* best round -- with ``load_best_model_at_end``, the fp32 copy of the best round's global model (shared tensors,
+  averaged buffers and the global personal part) kept until the end.
+* merged copy at save -- rules that fold into the base (FedEx-LoRA, FLoRA) save the full model with the adapter
+  merged, built on a copy of the model (fedhf/trainer/outputs.py): one more model while a checkpoint is written.
+* activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
+* autocast copies -- under bf16/fp16 autocast of a wider model, the half-precision weight copies the forward keeps.
+* loss transient -- around a causal LM's loss the step briefly holds more logits-sized tensors than autograd saves
+  (the logits the output keeps, the gradients of the log-softmax and of the logits, a copy in the loss):
+  4 x T x V x the activation size, x C. Calibrated on the peak resident set of benchmarks/memory_plan.py (fresh
+  process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client beyond the other rows is 4.0-4.1 of
+  them for C = 1 to 16. A warm loop that reuses freed memory peaks lower (1.5-1.8 of them): the row is conservative.
+
+Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
+(``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
+MLP width i and (causal LMs) vocabulary V::
+
+    no checkpointing:        L (8 h + 4 i) + V + h
+    gradient checkpointing:  L h + (8 h + 4 i) + V + h      (layer inputs kept, one layer recomputed at a time)
+
+times the model's parameter size, also under bf16/fp16 autocast: autograd then keeps half-precision copies of the
+matmuls' inputs beside fp32 norms, residuals and the loss's fp32 log-softmax of the logits, and on top of them
+(row "autocast copies", once per forward) the half-precision copy of every frozen linear weight the forward
+multiplies with. Measured on fp32 tiny Llamas with LoRA under CPU bf16 autocast (5 shapes, 96-192 tokens), what
+autograd keeps is 0.80-0.91 of these two rows (fp32: 0.91-1.01 of the activation row); 2 bytes per element with no
+copies, the earlier assumption, planned up to 2.2x too little. The constants 8 and 4 were measured on
+LlamaForCausalLM + LoRA (all linear layers, sdpa attention) in fp32 on CPU as the bytes of every tensor autograd
+saves for the backward (``torch.autograd.graph.saved_tensors_hooks``, parameters excluded): L (8.0 h + 4.0 i) +
+1.0 V + 1.0 h per token (+ 7 r for LoRA's rank-r outputs, left out), the same for T = 256 and 512 tokens, h = 256
+and 512, i = 2h and 4h, L = 4 and 8; with checkpointing L x 1.0 h. Eager attention adds its probabilities
+(2 x heads x sequence per layer and token), not counted here. The peak also holds transient tensors (the
+logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares the plan with a measured peak.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import datasets
+import pyarrow.compute as pc
+import torch
+from peft import PeftModel
+from transformers import PreTrainedModel
+
+from ..core.params import num_bytes
+
+GIB = 2**30
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per row (see the module docstring). ``activation_bytes`` / ``optimizer_bytes_per_client`` are None
+    when they cannot be estimated (the reason is in ``notes``)."""
+
+    model_bytes: Dict[str, int]
+    trainable_bytes: int
+    clients_at_once: int
+    optimizer_bytes_per_client: Optional[int]
+    run_state_bytes: int
+    client_store_bytes_per_client: int
+    stored_clients: int
+    client_store_cap_bytes: Optional[int] = None
+    activation_bytes_per_client: Optional[int] = None
+    transient_bytes_per_client: int = 0
+    round_sums_bytes: int = 0
+    product_bytes: int = 0
+    gathered_bytes: int = 0
+    autocast_copy_bytes: int = 0
+    best_round_bytes: int = 0
+    merged_copy_bytes: int = 0
+    notes: list = field(default_factory=list)
+
+    @property
+    def adapter_copy_bytes(self) -> int:
+        return self.trainable_bytes * self.clients_at_once if self.clients_at_once > 1 else 0
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.trainable_bytes * self.clients_at_once
+
+    @property
+    def optimizer_bytes(self) -> int:
+        return (self.optimizer_bytes_per_client or 0) * self.clients_at_once
+
+    @property
+    def client_store_bytes(self) -> int:
+        total = self.client_store_bytes_per_client * self.stored_clients
+        return total if self.client_store_cap_bytes is None else min(total, self.client_store_cap_bytes)
+
+    @property
+    def activation_bytes(self) -> int:
+        return (self.activation_bytes_per_client or 0) * self.clients_at_once
+
+    @property
+    def transient_bytes(self) -> int:
+        return self.transient_bytes_per_client * self.clients_at_once
+
+    def rows(self) -> Dict[str, int]:
+        return {"model": sum(self.model_bytes.values()), "adapter copies": self.adapter_copy_bytes,
+                "gradients": self.gradient_bytes, "optimizer state": self.optimizer_bytes,
+                "run state": self.run_state_bytes, "client store": self.client_store_bytes,
+                "round sums": self.round_sums_bytes, "client products": self.product_bytes,
+                "gathered updates": self.gathered_bytes, "best round": self.best_round_bytes,
+                "merged copy at save": self.merged_copy_bytes,
+                "activations": self.activation_bytes, "autocast copies": self.autocast_copy_bytes,
+                "loss transient": self.transient_bytes}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.rows().values())
+
+    def __str__(self) -> str:
+        detail = {
+            "model": ", ".join(f"{d} {_mb(b)}" for d, b in sorted(self.model_bytes.items())),
+            "adapter copies": f"{_mb(self.trainable_bytes)} x {self.clients_at_once}" if self.clients_at_once > 1
+            else "none (one client at a time trains the model's own)",
+            "gradients": f"{_mb(self.trainable_bytes)} x {self.clients_at_once}",
+            "optimizer state": "not declared" if self.optimizer_bytes_per_client is None
+            else f"{_mb(self.optimizer_bytes_per_client)} x {self.clients_at_once}",
+            "run state": "x^r, server and correction state",
+            "client store": f"{_mb(self.client_store_bytes_per_client)} x {self.stored_clients} clients"
+            + (f", capped at {_mb(self.client_store_cap_bytes)}" if self.client_store_cap_bytes is not None else ""),
+            "round sums": "float64 sums of the round's client messages",
+            "client products": "a client's dense LoRA products B A (fp32)" if self.product_bytes else "none",
+            "gathered updates": "every participant's update (fp32)" if self.gathered_bytes else "none",
+            "best round": "the best round's global model (fp32)" if self.best_round_bytes else "none",
+            "merged copy at save": "the model copy a merged save builds" if self.merged_copy_bytes else "none",
+            "activations": "not estimated" if self.activation_bytes_per_client is None
+            else f"{_mb(self.activation_bytes_per_client)} x {self.clients_at_once}",
+            "autocast copies": "half-precision weight copies, once per forward" if self.autocast_copy_bytes
+            else "none",
+            "loss transient": f"{_mb(self.transient_bytes_per_client)} x {self.clients_at_once}",
+        }
+        lines = ["fedhf memory plan"] + [f"  {name:<20}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
+        lines.append(f"  {'total':<20}{_mb(self.total_bytes):>12}")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+def _mb(nbytes: float) -> str:
+    """Bytes in the unit that shows them (a LoRA adapter is KBs, a base model GBs)."""
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:,.1f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def model_bytes(model: torch.nn.Module) -> Dict[str, int]:
+    """Bytes of the model's parameters and buffers by dtype, each storage once (tied weights), quantised
+    bitsandbytes weights at their stored size plus their quantisation constants (``absmax``...)."""
+    out: Dict[str, int] = {}
+    seen = set()
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.device.type != "meta":
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype)
+            if key in seen:
+                continue
+            seen.add(key)
+        dtype = str(tensor.dtype).replace("torch.", "")
+        out[dtype] = out.get(dtype, 0) + tensor.numel() * tensor.element_size()
+        for name, extra in quantisation_constants(tensor).items():
+            out[name] = out.get(name, 0) + extra
+    return out
+
+
+def quantisation_constants(tensor: torch.Tensor) -> Dict[str, int]:
+    """The constants a bitsandbytes 4-bit weight keeps beside its packed bytes (absmax, and its own absmax under
+    double quantisation), by dtype; {} for every other tensor."""
+    bnb = sys.modules.get("bitsandbytes")  # not loaded: no quantised weights either
+    if bnb is None or not isinstance(tensor, bnb.nn.Params4bit) or tensor.quant_state is None:
+        return {}
+    state, out = tensor.quant_state, {}
+    for part in (state.absmax, state.code, *((state.state2.absmax, state.state2.code) if state.nested else ())):
+        dtype = str(part.dtype).replace("torch.", "")
+        out[dtype] = out.get(dtype, 0) + part.numel() * part.element_size()
+    return out
+
+
+def activation_elements_per_token(config, checkpointing: bool, logits_width: int) -> Optional[int]:
+    """The formula of the module docstring; None for a config without hidden_size / num_hidden_layers."""
+    hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
+    if not isinstance(hidden, int) or not isinstance(layers, int):
+        return None
+    width = getattr(config, "intermediate_size", None) or 4 * hidden
+    layer = 8 * hidden + 4 * width
+    kept = layers * hidden + layer if checkpointing else layers * layer
+    return kept + logits_width + hidden
+
+
+def check_budget(plan: MemoryPlan, args) -> None:
+    """Refuse a plan over ``memory_budget_gb``, naming what would bring it down."""
+    budget = args.memory_budget_gb
+    if budget is None or plan.total_bytes <= budget * GIB:
+        return
+    rows = sorted(plan.rows().items(), key=lambda kv: -kv[1])
+    fixes = []
+    if plan.clients_at_once > 1:
+        fixes.append(f"a smaller `batched_clients` (now {plan.clients_at_once}; each client adds its adapter copy, "
+                     "gradient, optimizer state and activations)")
+    if plan.activation_bytes and not args.activation_checkpointing:
+        fixes.append("`gradient_checkpointing=True` (keeps one layer's activations instead of all)")
+    if plan.activation_bytes:
+        fixes.append(f"a smaller `per_device_train_batch_size` (now {args.per_device_train_batch_size}; with "
+                     "`gradient_accumulation_steps` to keep the step's rows)")
+    if plan.client_store_bytes and args.client_state_budget_mb is None:
+        fixes.append("`client_state_budget_mb` (per-client state beyond it goes to disk)")
+    if "uint8" not in plan.model_bytes and "int8" not in plan.model_bytes:
+        fixes.append("a 4-bit base (from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True)))")
+    raise ValueError(
+        f"The memory plan needs {plan.total_bytes / GIB:.2f} GiB, over `memory_budget_gb`={budget:g} (largest: "
+        + ", ".join(f"{name} {b / GIB:.2f} GiB" for name, b in rows[:3]) + "). Try " + "; or ".join(fixes)
+        + ". Nothing was trained or written.\n" + str(plan))
+
+
+def plan_memory(trainer, run) -> MemoryPlan:
+    """This process's plan for ``trainer`` (a FederatedTrainer at the start of ``train()``) and its run state."""
+    args, algo, model = trainer.args, trainer.algorithm, trainer.model
+    trained = trainer.plan.trained()
+    optimizer = algo.local_optimizer.state_bytes(trained)
+    notes = []
+    if optimizer is None:
+        notes.append(f"{algo.local_optimizer.cls.__name__} declares no state size (fedhf/optim/state_size.py): "
+                     "its optimizer state is not counted")
+    kept_theta = algo.state_sync.client_state_bytes(optimizer or 0)
+    if kept_theta:
+        notes.append("a kept Theta is counted at the optimizer's whole state (an upper bound)")
+    personal = sum(t.numel() * 4 for t in trainer.plan.personal.values())  # kept as fp32 snapshots
+    per_client = algo.correction.client_state_bytes(run.global_params) + kept_theta + personal
+    activations, transient = _activation_bytes(trainer, notes)
+    sums, products, gathered = _round_bytes(trainer, run, optimizer or 0)
+    return MemoryPlan(
+        model_bytes=model_bytes(model), trainable_bytes=num_bytes(trained), clients_at_once=args.batched_clients,
+        optimizer_bytes_per_client=optimizer,
+        run_state_bytes=sum(num_bytes(group) for group in run.tensor_groups().values()),
+        client_store_bytes_per_client=per_client,
+        stored_clients=-(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
+        if per_client else 0,
+        client_store_cap_bytes=None if args.client_state_budget_mb is None
+        else int(args.client_state_budget_mb * 2**20),
+        activation_bytes_per_client=activations, transient_bytes_per_client=transient,
+        round_sums_bytes=sums, product_bytes=products, gathered_bytes=gathered,
+        autocast_copy_bytes=autocast_copy_bytes(model, args.bf16 or args.fp16),
+        best_round_bytes=4 * sum(t.numel() for group in (run.global_params, run.global_buffers, trainer.plan.personal)
+                                 for t in group.values()) if args.load_best_model_at_end else 0,
+        merged_copy_bytes=sum(model_bytes(model).values()) if trainer.base_fold.layers else 0, notes=notes)
+
+
+def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
+    """(round sums, one client's dense LoRA products, gathered updates): see the module docstring. The sums are
+    float64, i.e. twice the fp32 size of what is summed."""
+    from ..core.lora import lora_pairs
+    from ..server.lora import ProductAggregator
+
+    algo, shared = trainer.algorithm, run.global_params
+    # every state-sync rule sums the clients' optimizer Theta (warm start, or the drift diagnostic): at most the
+    # whole optimizer state, which is what a plan can know before the optimizer exists
+    summed = (num_bytes(shared) + num_bytes(run.global_buffers) + algo.correction.client_state_bytes(shared)
+              + optimizer_bytes)
+    products = 0
+    if isinstance(algo.server_rule.aggregator, ProductAggregator):  # each client sends its dense B A
+        products = sum(4 * shared[b].shape[0] * shared[a].shape[1] for a, b in lora_pairs(shared).items())
+    gathered = trainer.args.clients_per_round * num_bytes(shared) if algo.server_rule.gathers else 0
+    return 2 * (summed + products), products, gathered
+
+
+def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
+    """(activations, loss transient) of one client's micro-batch."""
+    args, model, data = trainer.args, trainer.model, trainer._train_data
+    lengths = _longest_row(data)
+    if lengths is None:
+        notes.append("activations not estimated: the training data has no `input_ids` column to read lengths from")
+        return None, 0
+    model = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not isinstance(model, PreTrainedModel):
+        notes.append(f"activations not estimated: {type(model).__name__} is not a transformers model (no config)")
+        return None, 0
+    logits = model.config.vocab_size if model.get_output_embeddings() is not None else 0
+    elements = activation_elements_per_token(model.config, args.activation_checkpointing, logits)
+    if elements is None:
+        notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
+        return None, 0
+    size = _floating_size(model)  # autocast does not shrink what is kept (module docstring)
+    shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
+    tokens = lengths * -(-args.per_device_train_batch_size // shards)
+    return elements * size * tokens, 4 * logits * size * tokens
+
+
+def _floating_size(model: torch.nn.Module) -> int:
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    return torch.empty((), dtype=floating[0]).element_size()
+
+
+def autocast_copy_bytes(model: torch.nn.Module, half_autocast: bool) -> int:
+    """Under bf16/fp16 autocast, the half-precision copy of every frozen linear weight wider than 2 bytes that
+    the forward multiplies with, kept for the backward (once per forward, whatever the rows)."""
+    if not half_autocast:
+        return 0
+    return sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
+               and not m.weight.requires_grad and m.weight.is_floating_point() and m.weight.element_size() > 2)
+
+
+def _longest_row(data) -> Optional[int]:
+    """The longest ``input_ids`` row of a datasets.Dataset (read from its Arrow column, without decoding rows)."""
+    if not isinstance(data, datasets.Dataset) or "input_ids" not in data.column_names or len(data) == 0:
+        return None
+    return int(pc.max(pc.list_value_length(data.data.column("input_ids"))).as_py())
+
+
+__all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes", "plan_memory"]

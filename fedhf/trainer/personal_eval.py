@@ -1,0 +1,128 @@
+"""Personalised evaluation (``personalized_eval=True``): each client's own model, the global shared tensors plus
+that client's personal ones from the client store (for an all-shared run: the global model), evaluated on that
+client's held-out rows (``client_eval_fraction``, :mod:`fedhf.data.holdout`), at the rounds the global model is
+evaluated. The personalised-FL papers report it this way (e.g. Ditto, Li et al., ICML 2021, arXiv:2012.04221;
+pFedMe, T. Dinh et al., NeurIPS 2020): the mean over clients, and the worst client for fairness.
+
+Logged beside the global ``eval_*`` keys, for the loss and every metric of ``compute_metrics`` (m):
+
+* ``personal_eval_<m>_mean``: the mean over evaluated clients (each client counts once, whatever its row count);
+* ``personal_eval_<m>_worst``: the worst client: the highest value for a loss / perplexity / error (a name
+  containing one of those words), the lowest for any other metric (accuracy, F1, ...);
+* ``personal_eval_<m>_std``: the population standard deviation over clients (the spread);
+* ``personal_eval_clients`` (evaluated) and ``personal_eval_skipped`` (clients with no held-out rows).
+
+Every client is evaluated, sampled this round or not (a client that never trained has the initial personal
+tensors). It changes nothing of training: the resident model gets the global model back after every client (the
+clients' mean personal tensors, as after a round) and the random number generators' states are restored, so the trained
+model is bit-identical with and without it (tests/trainer/test_personal_eval.py). A mixin of
+:class:`fedhf.trainer.FederatedTrainer`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Dict, Sequence
+
+import datasets
+import numpy as np
+import torch
+from torch.utils.data import Subset
+
+from ..core.params import load_into
+from .settings import should_evaluate
+
+PREFIX = "personal_eval"
+_LOWER_IS_BETTER = ("loss", "perplexity", "error")
+_NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time")
+
+
+def lower_is_better(metric: str) -> bool:
+    return any(word in metric for word in _LOWER_IS_BETTER)
+
+
+def summarise(per_client: Sequence[Dict[str, float]], skipped: int) -> Dict[str, float]:
+    """Mean, worst and std over clients of every metric the clients share (names without the ``eval_`` prefix)."""
+    summary: Dict[str, float] = {f"{PREFIX}_clients": len(per_client), f"{PREFIX}_skipped": skipped}
+    if not per_client:
+        return summary
+    names = [m for m in per_client[0] if all(m in c for c in per_client)]
+    for m in names:
+        values = np.array([c[m] for c in per_client], dtype=np.float64)
+        worst = values.max() if lower_is_better(m) else values.min()
+        summary.update({f"{PREFIX}_{m}_mean": float(values.mean()), f"{PREFIX}_{m}_worst": float(worst),
+                        f"{PREFIX}_{m}_std": float(values.std())})
+    return summary
+
+
+def check_personal_eval(args, world_size: int) -> None:
+    """Refused before work: with several processes a client's personal tensors live on the process that owns it."""
+    if args.personalized_eval and world_size > 1:
+        raise ValueError(f"`personalized_eval` runs in one process; this run has {world_size}: launch one process "
+                         "or set personalized_eval=False.")
+
+
+class _SavedRandomState:
+    """Python, numpy and torch (CPU and accelerator) generator states, put back on exit."""
+
+    def __enter__(self):
+        self.states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+                       torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        return self
+
+    def __exit__(self, *exc):
+        py, np_state, cpu, cuda = self.states
+        random.setstate(py)
+        np.random.set_state(np_state)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        return False
+
+
+class PersonalEvaluation:
+    """Uses the trainer's ``plan``, ``client_store``, ``client_ranks``, ``client_eval_partitions`` and Trainer's
+    evaluation loop."""
+
+    def _personal_evaluation(self, run) -> Dict[str, float]:
+        """The summary over clients; ``self.personal_eval_per_client`` keeps each client's metrics (client id ->
+        metrics) of the latest evaluation. With ``lora_client_ranks`` a client's model is the global adapter cut
+        to its rank (fedhf/sharing/client_ranks.py), as it trains."""
+        per_client: Dict[int, Dict[str, float]] = {}
+        skipped = 0
+        with _SavedRandomState():
+            for client, rows in enumerate(self.client_eval_partitions):
+                if len(rows) == 0:
+                    skipped += 1
+                    continue
+                self.plan.load_personal(self.client_store, client, run.personal_init)
+                if self.client_ranks is not None:
+                    self.client_ranks.truncate(client)
+                try:
+                    per_client[client] = self._evaluate_rows(rows)
+                finally:  # the global model again
+                    self.plan.load_global_personal_again()
+                    load_into(self.plan.params, run.global_params)
+        self.personal_eval_per_client = per_client
+        return summarise(list(per_client.values()), skipped)
+
+    def _evaluate_rows(self, rows) -> Dict[str, float]:
+        """Trainer's evaluation loop (its batching, autocast and compute_metrics) over some training rows; no
+        callbacks' on_evaluate and no log, which are the global evaluation's."""
+        rows = [int(i) for i in rows]
+        data = self.train_dataset
+        subset = data.select(rows) if isinstance(data, datasets.Dataset) else Subset(data, rows)
+        output = self.evaluation_loop(self.get_test_dataloader(subset), description="Personalised evaluation",
+                                      prediction_loss_only=True if self.compute_metrics is None else None,
+                                      metric_key_prefix="eval")
+        return {k[len("eval_"):]: float(v) for k, v in output.metrics.items()
+                if not any(k.endswith(n) for n in _NOT_METRICS)}
+
+    def _personal_metrics(self, run, rounds_done: int) -> Dict[str, float]:
+        """At the rounds the global model is evaluated (``eval_every_rounds`` / ``eval_steps``, the last round, and
+        round 0 with ``eval_on_start``; also without an ``eval_dataset``): the summary, logged to callbacks."""
+        if not self.args.personalized_eval or (rounds_done and not should_evaluate(self.args, rounds_done, True)):
+            return {}
+        metrics = self._personal_evaluation(run)
+        self.log(dict(metrics))
+        return metrics

@@ -1,0 +1,267 @@
+"""batched_clients = C: C clients' adapters stacked on one resident base, one forward/backward over their
+concatenated batches. The global model must equal sequential training (float tolerance: the base runs on a
+larger, padded batch) for every algorithm it supports, with rows of different lengths, clients whose last batch
+is short, micro-batching and a trainable head; what it cannot do is refused before any work."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, TaskType, get_peft_model
+
+from fedhf import FederatedTrainer
+from fedhf.runtime.stacked_adapters import RoutedLinear, Routing, concat_batches
+from fedhf.data.sft import SFTCollator
+
+from tests.helpers import config, lora_minilm, tiny_llama_lora, trainable_state, tweet_sft, tweet_trainer
+
+
+@pytest.fixture(scope="module")
+def sft(tokenizer):
+    return tweet_sft(tokenizer, n_train=90, n_test=8, max_length=40)  # 90 rows over 6 clients: short last batches
+
+
+def _llm_run(tmp_path, tokenizer, sft, batched, forwards=None, **overrides):
+    model = tiny_llama_lora(len(tokenizer))
+    if forwards is not None:  # count the passes over the frozen base, and the rows each carries
+        model.base_model.model.model.register_forward_hook(
+            lambda module, args, kwargs, output: forwards.append(len(kwargs["input_ids"])), with_kwargs=True)
+    settings = dict(algorithm="fedavg", num_clients=6, clients_per_round=5, num_rounds=2, local_steps=3,
+                    per_device_train_batch_size=4, partition="iid", learning_rate=0.05, batched_clients=batched,
+                    partition_report=False)
+    settings.update(overrides)
+    args = config(tmp_path / f"b{batched}", **settings)
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=sft["train"],
+                               data_collator=SFTCollator(tokenizer))
+    trainer.train()
+    return trainable_state(model), trainer.federated_history
+
+
+def _assert_same_run(a, b, atol=2e-5):
+    (state_a, history_a), (state_b, history_b) = a, b
+    for name in state_a:
+        torch.testing.assert_close(state_b[name], state_a[name], rtol=0, atol=atol, msg=name)
+    for h_a, h_b in zip(history_a, history_b):
+        assert h_a["participants"] == h_b["participants"] and h_a["uplink_MB"] == h_b["uplink_MB"]
+        assert h_a["train_loss"] == pytest.approx(h_b["train_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("algorithm, overrides", [
+    ("fedavg", {}),
+    ("scaffold", {}),  # a correction with per-client state in the store
+    ("fedpac_muon", {"learning_rate": 1e-3}),  # Muon + global-direction mixing + averaged momentum
+    ("fadam_gt", {"learning_rate": 1e-3}),  # AMSGrad + gradient tracking + persistent per-client v_hat
+    ("fedpac_sophia", {"learning_rate": 1e-3}),  # Sophia's curvature probe runs per client, routed to its copy
+    ("local_adamw", {"learning_rate": 1e-3}),
+    ("fedpm", {}),  # FOOF: its statistics' forward passes hook the client's own copies
+])
+def test_causal_lm_clients_together_equal_clients_one_by_one(tmp_path, tokenizer, sft, algorithm, overrides):
+    sequential = _llm_run(tmp_path, tokenizer, sft, 1, algorithm=algorithm, **overrides)
+    together = _llm_run(tmp_path, tokenizer, sft, 3, algorithm=algorithm, **overrides)  # chunks of 3 and 2
+    _assert_same_run(sequential, together)
+    start = trainable_state(tiny_llama_lora(len(tokenizer)))
+    assert any(not torch.allclose(start[n], sequential[0][n]) for n in start)  # the adapter did train
+
+
+def test_the_clients_really_share_each_forward(tmp_path, tokenizer, sft):
+    """2 rounds x 3 steps: one at a time, 5 clients make 30 passes of <= 4 rows; together, chunks of 3 and 2
+    make 12 passes carrying the same 5 clients' rows."""
+    one, together = [], []
+    _llm_run(tmp_path, tokenizer, sft, 1, forwards=one)
+    _llm_run(tmp_path, tokenizer, sft, 3, forwards=together)
+    assert len(one) == 30 and max(one) <= 4
+    assert len(together) == 12 and max(together) > 4 and sum(together) == sum(one)
+
+
+def test_micro_batches_with_different_token_counts_per_client(tmp_path, tokenizer, sft):
+    """Each client's step is the per-token mean over its own micro-batches, whatever the others hold."""
+    overrides = dict(gradient_accumulation_steps=2, per_device_train_batch_size=3, max_grad_norm=0.5)
+    _assert_same_run(_llm_run(tmp_path, tokenizer, sft, 1, **overrides),
+                     _llm_run(tmp_path, tokenizer, sft, 5, **overrides))
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "fed_sophia"])
+def test_minilm_classifier_with_a_trainable_head(tmp_path, minilm, tweets, tokenizer, algorithm):
+    """LoRA + the classification head (modules_to_save) copied per client; rows padded to the longest client's."""
+    def run(batched):
+        model = lora_minilm(minilm, dropout=False)
+        args = config(tmp_path / f"c{batched}", algorithm=algorithm, num_clients=4, clients_per_round=4,
+                      num_rounds=2, local_steps=2, per_device_train_batch_size=8, batched_clients=batched,
+                      partition_report=False)
+        trainer = tweet_trainer(model, tweets, tokenizer, args, evaluate=False)
+        trainer.train()
+        return trainable_state(model), trainer.federated_history
+
+    sequential, together = run(1), run(4)
+    assert any("classifier" in name for name in sequential[0])
+    _assert_same_run(sequential, together)
+
+
+def test_each_copy_gets_only_its_own_rows_gradient():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(5, 3)
+    routing = Routing([(0, 2), (2, 5)])
+    routed = RoutedLinear(linear, 2, routing)
+    x = torch.randn(5, 5)
+    (routed(x) ** 2).sum().backward()
+    for c, (start, stop) in enumerate(routing.segments):
+        alone = torch.nn.Linear(5, 3)
+        alone.load_state_dict(linear.state_dict())
+        (alone(x[start:stop]) ** 2).sum().backward()
+        torch.testing.assert_close(routed.copies[c].weight.grad, alone.weight.grad, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(routed.copies[c].bias.grad, alone.bias.grad, rtol=1e-6, atol=1e-7)
+    routing.only(1, 2, 5)  # a client's own pass: every row through its copy
+    assert routing.segments == [(0, 0), (0, 5)]
+    torch.testing.assert_close(routed(x), routed.copies[1](x))
+
+
+def test_concatenation_pads_on_the_right_with_the_pad_id_and_records_each_clients_rows():
+    a = {"input_ids": torch.tensor([[5, 6, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+         "labels": torch.tensor([[-100, 6, 7]])}
+    b = {"input_ids": torch.tensor([[8], [9]]), "attention_mask": torch.ones(2, 1, dtype=torch.long),
+         "labels": torch.tensor([[8], [9]])}
+    batch, routing = concat_batches([a, b], pad_id=102)
+    assert routing.segments == [(0, 1), (1, 3)]
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 102, 102], [9, 102, 102]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100], [9, -100, -100]]
+    del a["attention_mask"], b["attention_mask"]
+    with pytest.raises(ValueError, match="attention_mask"):
+        concat_batches([a, b])
+
+
+def test_packed_batches_of_different_widths_pad_as_documents_of_their_own():
+    """Packed rows (no attention mask): input_ids with the pad id, labels with -100, position_ids with 0, so each
+    padding token starts a document that attends only to itself and carries no label."""
+    a = {"input_ids": torch.tensor([[5, 6, 7]]), "labels": torch.tensor([[-100, 6, 7]]),
+         "position_ids": torch.tensor([[0, 1, 0]]), "use_cache": False}
+    b = {"input_ids": torch.tensor([[8]]), "labels": torch.tensor([[8]]), "position_ids": torch.tensor([[0]]),
+         "use_cache": False}
+    batch, routing = concat_batches([a, b], pad_id=102)
+    assert routing.segments == [(0, 1), (1, 2)] and "attention_mask" not in batch
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 102, 102]]
+    assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert batch["position_ids"].tolist() == [[0, 1, 0], [0, 0, 0]]
+
+
+def test_packed_sft_clients_together_equal_clients_one_by_one(tmp_path, tokenizer):
+    """Packing per category leaves each category's last block short: a client holding one gets a narrower batch
+    than the others in its shared pass."""
+    from fedhf.data.sft import tokenize_sft
+    from fedhf.data.demo import load_tweet_instructions, subsample
+
+    packed = {"train": tokenize_sft(subsample(load_tweet_instructions()["train"], 16), tokenizer, max_length=64,
+                                    packing=True, group_column="label")}
+    assert len({len(ids) for ids in packed["train"]["input_ids"]}) > 1  # blocks of different widths
+    overrides = dict(num_clients=4, clients_per_round=4, per_device_train_batch_size=1, local_steps=2, num_rounds=1)
+    _assert_same_run(_llm_run(tmp_path, tokenizer, packed, 1, **overrides),
+                     _llm_run(tmp_path, tokenizer, packed, 2, **overrides))
+
+
+def test_a_forward_flag_all_clients_share_passes_through_and_a_disagreement_is_refused():
+    """The packing collator (fedhf.data.sft) adds ``use_cache=False`` to every batch (without it transformers
+    would let packed documents attend to each other): the one shared pass gets it once."""
+    rows = {"input_ids": torch.tensor([[5, 6]]), "labels": torch.tensor([[5, 6]]),
+            "position_ids": torch.tensor([[0, 1]])}
+    batch, _ = concat_batches([{**rows, "use_cache": False}, {**rows, "use_cache": False}])
+    assert batch["use_cache"] is False and batch["position_ids"].tolist() == [[0, 1], [0, 1]]
+    with pytest.raises(ValueError, match="use_cache"):
+        concat_batches([{**rows, "use_cache": False}, {**rows, "use_cache": True}])
+
+
+def test_a_decoder_classifier_with_a_non_zero_pad_id_trains_the_same_together(tmp_path, tokenizer):
+    """LlamaForSequenceClassification pools the rightmost token that is not ``config.pad_token_id``; padding a
+    shorter client's rows with anything else would pool a padding position. Pad here is [SEP] (id 102)."""
+    from datasets import DatasetDict
+    from transformers import DataCollatorWithPadding, LlamaConfig, LlamaForSequenceClassification
+
+    from fedhf.data.demo import load_tweets, subsample, tokenize_tweets
+
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = "[SEP]"
+    assert tok.pad_token_id != 0
+    data = tokenize_tweets(DatasetDict(train=subsample(load_tweets()["train"], 24, seed=0)), tok, max_length=64)["train"]
+
+    def run(batched):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=2, num_labels=3, pad_token_id=tok.pad_token_id)
+        model = get_peft_model(LlamaForSequenceClassification(cfg),
+                               LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS"))
+        args = config(tmp_path / f"p{batched}", num_clients=2, clients_per_round=2, num_rounds=1, local_steps=2,
+                      per_device_train_batch_size=3, partition="iid", learning_rate=0.05, batched_clients=batched,
+                      partition_report=False)
+        FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=DataCollatorWithPadding(tok)).train()
+        return trainable_state(model)
+
+    sequential, together = run(1), run(2)
+    for name in sequential:
+        torch.testing.assert_close(together[name], sequential[name], rtol=0, atol=2e-6, msg=name)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"neftune_noise_alpha": 5.0}, "neftune_noise_alpha"),
+    ({"label_smoothing_factor": 0.1}, "label_smoothing_factor"),
+])
+def test_what_cannot_share_a_pass_is_refused_before_work(tmp_path, tokenizer, sft, overrides, message):
+    args = config(tmp_path, batched_clients=2, num_clients=2, clients_per_round=2, partition="iid", **overrides)
+    with pytest.raises(ValueError, match=f"batched_clients=2.*{message}.*batched_clients=1"):
+        FederatedTrainer(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=sft["train"],
+                         data_collator=SFTCollator(tokenizer))
+    run = tmp_path / "run"
+    assert not run.exists() or not any(run.iterdir())  # nothing written
+
+
+def test_non_linear_trainable_modules_are_refused(tmp_path, tokenizer, sft):
+    model = get_peft_model(tiny_llama_lora(len(tokenizer)).base_model.model,
+                           LoraConfig(r=2, target_modules=["embed_tokens"], task_type=TaskType.CAUSAL_LM))
+    args = config(tmp_path, batched_clients=2, num_clients=2, clients_per_round=2, partition="iid")
+    with pytest.raises(ValueError, match="embed_tokens.*batched_clients=1"):
+        FederatedTrainer(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+
+
+def test_batched_clients_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="batched_clients"):
+        config(tmp_path, batched_clients=0)
+
+
+class _ZeroLoss(FederatedTrainer):
+    """A user's compute_loss override (here a loss that trains nothing): the shared pass could not run it."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * 0.0
+
+
+def test_an_overridden_compute_loss_is_refused_before_work(tmp_path, tokenizer, sft):
+    args = config(tmp_path, batched_clients=2, num_clients=2, clients_per_round=2, partition="iid")
+    with pytest.raises(ValueError, match="batched_clients=2.*compute_loss.*_ZeroLoss.*batched_clients=1"):
+        _ZeroLoss(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=sft["train"],
+                  data_collator=SFTCollator(tokenizer))
+    model = tiny_llama_lora(len(tokenizer))
+    start = trainable_state(model)
+    one = _ZeroLoss(model=model, args=config(tmp_path / "one", num_clients=2, clients_per_round=2, partition="iid",
+                                             num_rounds=1, weight_decay=0.0, learning_rate=0.1),
+                    train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+    one.train()  # one client at a time runs the override: a zero loss leaves the adapter where it was
+    for name, value in trainable_state(model).items():
+        torch.testing.assert_close(value, start[name], rtol=0, atol=0, msg=name)
+
+
+def test_trls_sft_trainer_with_batched_clients_is_refused_naming_the_fix(tmp_path, tokenizer):
+    from datasets import Dataset
+
+    from fedhf.data.demo import tiny_llama
+    from fedhf.trainer.sft import FederatedSFTConfig, FederatedSFTTrainer
+
+    data = Dataset.from_dict({"prompt": ["Tweet: good\nSentiment:"] * 8,
+                                                     "completion": [" positive"] * 8})
+    args = FederatedSFTConfig(output_dir=str(tmp_path / "run"), report_to="none", use_cpu=True, bf16=False,
+                              gradient_checkpointing=False, eos_token="[SEP]", num_clients=2, clients_per_round=2,
+                              partition="iid", batched_clients=2, save_strategy="no", eval_every_rounds=0)
+    model = get_peft_model(tiny_llama(len(tokenizer)), LoraConfig(r=2, target_modules=["q_proj"],
+                                                                  task_type=TaskType.CAUSAL_LM))
+    with pytest.raises(ValueError, match="compute_loss.*SFTTrainer.*batched_clients=1"):
+        # a copy: trl sets the eos_token on the tokenizer it is given (the session's tokenizer is shared)
+        FederatedSFTTrainer(model=model, args=args, train_dataset=data, processing_class=copy.deepcopy(tokenizer))

@@ -1,0 +1,155 @@
+"""The model card beside every saved model (base model by Hub id, never a local path; the federated section) and
+the Hub checks before any work; no network."""
+
+from __future__ import annotations
+
+import huggingface_hub
+import pytest
+import yaml
+
+from fedhf import FederatedConfig
+from fedhf.trainer.hub import hub_base_model
+
+from tests.helpers import config, digit_trainer, lora_minilm, tiny_resnet, tweet_trainer
+
+HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _front_matter(card: str) -> dict:
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+def test_base_model_is_a_hub_id_or_nothing(minilm):
+    model = lora_minilm(minilm)
+    assert hub_base_model(model) is None  # loaded from a local folder: the path is never published
+    model.peft_config["default"].base_model_name_or_path = HUB_ID
+    assert hub_base_model(model) == HUB_ID
+    assert hub_base_model(tiny_resnet()) is None
+
+
+def test_save_model_writes_the_federated_card_beside_the_adapter(minilm, tweets, tokenizer, tmp_path):
+    model = lora_minilm(minilm)
+    args = config(tmp_path, num_rounds=1, local_steps=1, eval_every_rounds=1, save_every_rounds=1,
+                  algorithm="fedprox")
+    trainer = tweet_trainer(model, tweets, tokenizer, args)
+    trainer.train()
+    trainer.save_model()
+    run = tmp_path / "run"
+    for folder in (run, run / "checkpoint-1" / "model"):
+        assert (folder / "adapter_model.safetensors").exists()
+        card = (folder / "README.md").read_text()
+        assert minilm not in card and "base_model" not in _front_matter(card)  # peft's local path is replaced
+        meta = _front_matter(card)
+        assert {"fedhf", "federated-learning", "fedprox"} <= set(meta["tags"])
+        for row in ("## Federated training (fedhf)", "**fedprox**", "| clients (N) | 4 |", "| rounds (R) | 1 |",
+                    "| local steps per round (K) | 1 |", "| seed | 0 |", "| fedhf version | 0.1.0 |",
+                    "local optimizer / state sync / correction / server rule", "label skew", "communicated"):
+            assert row in card, row
+    assert "final eval_accuracy" in (run / "README.md").read_text()
+
+
+def test_card_names_the_hub_base_model(minilm, tweets, tokenizer, tmp_path):
+    model = lora_minilm(minilm)
+    model.peft_config["default"].base_model_name_or_path = HUB_ID
+    trainer = tweet_trainer(model, tweets, tokenizer, config(tmp_path, num_rounds=1, local_steps=1))
+    trainer.save_model()
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert _front_matter(card)["base_model"] == HUB_ID and f"https://huggingface.co/{HUB_ID}" in card
+
+
+def test_push_to_hub_offline_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="`push_to_hub=True`.*offline.*HF_HUB_OFFLINE"):
+        FederatedConfig(output_dir=str(tmp_path / "run"), report_to="none", push_to_hub=True, hub_model_id="me/m")
+    assert not (tmp_path / "run").exists()
+
+
+def test_push_to_hub_without_a_token_names_hf_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(ValueError, match="no Hugging Face token.*HF_TOKEN.*hub_model_id.*push_to_hub=False"):
+        FederatedConfig(output_dir=str(tmp_path / "run"), report_to="none", push_to_hub=True, hub_model_id="me/m")
+    assert not (tmp_path / "run").exists()
+
+
+class _FakeHub:
+    """Stands in for the Hub: records what HfApi.create_repo / create_commit were asked to do."""
+
+    def __init__(self):
+        self.repos, self.commits = [], []
+
+    def install(self, monkeypatch):
+        hub = self
+
+        def create_repo(api, repo_id, **kwargs):
+            hub.repos.append(repo_id)
+            return huggingface_hub.RepoUrl(f"https://huggingface.co/{repo_id}")
+
+        def create_commit(api, repo_id, operations, commit_message, **kwargs):
+            hub.commits.append((repo_id, commit_message, sorted(op.path_in_repo for op in operations)))
+
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_not_a_real_token")
+        monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+        monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", create_commit)
+        return hub
+
+
+@pytest.mark.parametrize("strategy, prefix", [("every_save", ""), ("all_checkpoints", "checkpoint-{r}/")])
+def test_round_checkpoints_are_pushed_as_hub_strategy_says(digits, tmp_path, monkeypatch, strategy, prefix):
+    hub = _FakeHub().install(monkeypatch)
+    args = config(tmp_path, num_rounds=2, local_steps=1, save_every_rounds=1, push_to_hub=True,
+                  hub_model_id="me/fed-digits", hub_strategy=strategy)
+    digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
+    assert hub.repos == ["me/fed-digits"]
+    assert [(repo, message) for repo, message, _ in hub.commits] == [
+        ("me/fed-digits", "fedhf: global model after round 1"), ("me/fed-digits", "fedhf: global model after round 2")]
+    for r, (_, _, files) in enumerate(hub.commits, 1):
+        p = prefix.format(r=r)
+        assert files == sorted([f"{p}README.md", f"{p}config.json", f"{p}model.safetensors"])
+
+
+def test_hub_strategy_end_pushes_no_round_checkpoint(digits, tmp_path, monkeypatch):
+    hub = _FakeHub().install(monkeypatch)
+    args = config(tmp_path, num_rounds=1, local_steps=1, save_every_rounds=1, push_to_hub=True,
+                  hub_model_id="me/fed-digits", hub_strategy="end")
+    digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
+    assert hub.commits == []
+
+
+def test_card_names_the_split_key_quantity_skew_and_held_out_rows(tmp_path):
+    from fedhf.trainer.hub import federated_card_section
+
+    args = config(tmp_path, partition_key="length", partition_column="text", quantity_skew=1.0,
+                  client_eval_fraction=0.1)
+    summary = {"key": "length of `text` in characters (4 quantile buckets)", "sizes": [50, 20]}
+    card = federated_card_section(args, args.build_algorithm(), summary, [])
+    assert ("| partition | dirichlet (alpha=0.5, key length of `text` in characters (4 quantile buckets)), power-law "
+            "sizes (exponent 1.0), 0.1 of each client's rows held out |") in card
+
+
+def test_card_states_sharing_folding_lora_ranks_accumulation_and_small_mb(tmp_path):
+    from fedhf.trainer.hub import SavedModel, model_card
+
+    args = config(tmp_path, server_rule="flora", parameter_sharing="personal_head", lora_client_ranks=[2, 4, 4, 4],
+                  gradient_accumulation_steps=3)
+    lora = {"r": 4, "alpha": 8, "rslora": True, "targets": ["q_proj", "v_proj"]}
+    history = [{"round": 1, "communicated_MB": 0.0123, "eval_loss": 2.5}, {"round": 2, "communicated_MB": 0.0246,
+                                                                           "eval_loss": 2.0}]
+    merged = model_card(args, args.build_algorithm(), {}, history, None, SavedModel("merged", "LlamaForCausalLM",
+                                                                                      lora, 1))
+    for row in ("library_name: transformers", "| parameter sharing | personal_head", "weighted mean",
+                "| base weights | changed every round", "| LoRA | r=4, alpha=8, rsLoRA=True, target modules "
+                "['q_proj', 'v_proj'] |", "| LoRA client ranks | [2, 4, 4, 4] |",
+                "| local batch size x gradient accumulation steps | 16 x 3 |",
+                "| communicated (up + down) | 0.0246 MB |", "| final eval_loss (saved model, round 1) | 2.5000 |",
+                "LlamaForCausalLM.from_pretrained(PATH_OR_REPO_ID)", "merge_and_unload"):
+        assert row in merged, row
+    assert "round 2" not in merged
+    adapter = model_card(config(tmp_path), config(tmp_path).build_algorithm(), {}, history, None,
+                         SavedModel("adapter", "LlamaForCausalLM", lora, None))
+    for row in ("library_name: peft", "| base weights | frozen |", "PeftModel.from_pretrained(base, PATH_OR_REPO_ID)",
+                "| final eval_loss (saved model, round 2) | 2.0000 |", "every trained tensor is global"):
+        assert row in adapter, row
