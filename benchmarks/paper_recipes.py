@@ -29,7 +29,7 @@ from fedhf.metrics import write_json_atomic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RESET = ["--algorithm_kwargs", "{}"]  # a baseline at its own defaults (the papers' Table 8 rows, ALGORITHMS.md 2)
+RESET = ["--algorithm_kwargs", "{}"]  # a baseline at its own defaults (the papers' Table 8 rows, docs/algorithms.md 2)
 
 # recipe -> what the paper reports, and its rows: name -> (command-line overrides, the paper's figure).
 # "final": test accuracy after the last round; "best": the best evaluated accuracy over rounds; "rounds_to": the

@@ -4,7 +4,7 @@ github.com/junkangLiu0/FedMuon, new_llm.py), as one command::
 
     accelerate launch examples/glue_fedmuon.py [--task rte] [--num_rounds 20 ...] [--push_to_hub]
 
-Defaults (ALGORITHMS.md 2.8): RoBERTa-base; LoRA r 16, lora_alpha 32, dropout 0.05 on query/key/value/dense with
+Defaults (docs/algorithms.md 2.8): RoBERTa-base; LoRA r 16, lora_alpha 32, dropout 0.05 on query/key/value/dense with
 task_type SEQ_CLS (so the classifier head is trained in full); max_length 128; Dirichlet(0.8) label skew; 100 rounds
 of K = 50 local steps at batch 16; algorithm ``fedmuon`` with its paper defaults (Muon lr 3e-2, alpha 0.5, momentum
 0.98, wd 0.01, cosine over rounds). Clients: 20 with 4 (20 %) per round, as the FedMuon README runs it; Table 4

@@ -135,7 +135,7 @@ def test_causal_lm_recipe_runs_end_to_end_on_a_tiny_budget(tmp_path):
 PAPER_CLIPPING = {
     "fedpm_table3_digits_convnext_dir0.1_n10.yaml": 0.0,  # FedPM Table 4: none
     "fedpac_table1_digits_convnext_dir0.1_n100.yaml": 10.0,  # not in the paper; the authors' code clips at 10
-    "fedmuon_table2_digits_convnext_dir0.1_n100.yaml": 10.0,  # ditto (ALGORITHMS.md section 0)
+    "fedmuon_table2_digits_convnext_dir0.1_n100.yaml": 10.0,  # ditto (docs/algorithms.md section 0)
     "fedmuon_table4_tweets_minilm_lora_dir0.8_n4.yaml": 10.0,
     "fadamgt_table1_digits_convnext_dir0.1_n100.yaml": 1.0,  # not given: the Trainer default
     "prefed_fig1_digits_convnext_iid_n10.yaml": 1.0,

@@ -1,7 +1,7 @@
 """Algorithms: :class:`Algorithm` (one option per axis), :func:`compose`, and the named ones.
 
 ``list_algorithms()`` names them all; ``get_algorithm(name, **kwargs)`` builds one. Defaults are the papers'
-(ALGORITHMS.md section 2 gives the source of every number). ``lr`` is the peak learning rate of the cosine
+(docs/algorithms.md section 2 gives the source of every number). ``lr`` is the peak learning rate of the cosine
 schedule over rounds; ``FederatedConfig.learning_rate`` overrides it.
 """
 

@@ -49,7 +49,7 @@ def fedavgm(lr: float = 0.1, weight_decay: float = 1e-4, server_lr: float = 1.0,
 @ALGORITHMS.register("fedprox")
 def fedprox(lr: float = 0.3, weight_decay: float = 1e-3, mu: float = 1e-3) -> Algorithm:
     """FedProx (Li et al., 2020): proximal term mu/2 ||x - x^r||^2. Sends |x| each way. lr 0.3 and mu 1e-3 from
-    FedPM Table 4 (ALGORITHMS.md 2.3; that table puts mu in its weight-decay column, so wd keeps FedAvg's 1e-3)."""
+    FedPM Table 4 (docs/algorithms.md 2.3; that table puts mu in its weight-decay column, so wd keeps FedAvg's 1e-3)."""
     return Algorithm("fedprox", _sgd(lr, weight_decay), correction=Proximal(mu))
 
 

@@ -1,5 +1,5 @@
 """Second-order (preconditioned) algorithms of the seed papers, each a composition of a local optimizer with state
-Theta, a state-sync rule, a correction and a server rule (ALGORITHMS.md sections 2.1, 2.7-2.14, table 4.3).
+Theta, a state-sync rule, a correction and a server rule (docs/algorithms.md sections 2.1, 2.7-2.14, table 4.3).
 
 "Sends" counts per participating client per round in units of |x| (trainable tensors only); M = entries of the
 Muon momentum (>= 2-D tensors), LR = entries of SOAP's factors, FA = entries of FOOF's covariances. The trainer's
@@ -71,12 +71,12 @@ def fedmuon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.9
     """FedMuon (Liu et al., 2025, "FedMuon: Accelerating Federated Learning with Matrix Orthogonalization"): local
     Muon whose momentum starts from the average of last round's final client momenta, and global-direction mixing
     x <- x - eta [(1 - beta) Muon(g) + beta g_G] after the optimizer (the paper's alpha; beta here as in every
-    mixing algorithm, ALGORITHMS.md section 5.3). Defaults: beta 0.5, momentum 0.98
+    mixing algorithm, docs/algorithms.md section 5.3). Defaults: beta 0.5, momentum 0.98
     (Table 6), wd 0.01; Muon lr = lr * muon_lr_mult = 3e-2. Sends Delta + M up (~2), x + g_G + Mbar down (~3).
 
     The local Muon is the authors' code's (Keller Jordan's EMA momentum with Nesterov, Newton-Schulz 5). The paper's
     Algorithm 1 (M <- beta M + G, exact U V^T of the SVD, no Nesterov) is ``momentum_form="sum", ortho="svd",
-    nesterov=False`` (ALGORITHMS.md 5.4); its averaged momentum is then the sum-form buffer, 1 / (1 - momentum)
+    nesterov=False`` (docs/algorithms.md 5.4); its averaged momentum is then the sum-form buffer, 1 / (1 - momentum)
     times the EMA one, and the steps match the EMA form without Nesterov (fedhf.optim.muon_exact)."""
     form = {"momentum_form": momentum_form, "ortho": ortho, "nesterov": nesterov}
     return Algorithm("fedmuon", _muon(lr, muon_lr_mult, momentum, weight_decay, routing, **form),
@@ -87,7 +87,7 @@ def fedmuon(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.9
 def fedmuon_svd(lr: float = 3e-4, muon_lr_mult: float = 100.0, momentum: float = 0.98, beta: float = 0.5,
                 weight_decay: float = 0.01, routing: str = "ndim>=2", fraction: float = 0.05) -> Algorithm:
     """FedMuon_SVD (Liu et al., 2025): FedMuon with each momentum matrix uploaded as a truncated SVD of about
-    ``fraction`` of its size (rank rule of ALGORITHMS.md 2.8). Sends Delta + 0.05 M up, x + g_G + Mbar down."""
+    ``fraction`` of its size (rank rule of docs/algorithms.md 2.8). Sends Delta + 0.05 M up, x + g_G + Mbar down."""
     return Algorithm("fedmuon_svd", _muon(lr, muon_lr_mult, momentum, weight_decay, routing),
                      correction=GlobalMix(beta, position="after"), state_sync=CompressedAverage(fraction))
 
@@ -147,7 +147,7 @@ def _fedpac_sophia(name, light, lr, weight_decay, rho, betas, hessian_estimator,
 def fedpac_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01, betas=(0.9, 0.99),
                   hessian_estimator: str = "gnb", hess_interval: int = 10, beta: float = 0.5) -> Algorithm:
     """FedPAC_Sophia (FedPAC Alg. 9): h averaged and warm-started, refreshed locally (the reference code never
-    refreshes it, so its h stays 0 -- not copied, ALGORITHMS.md 5.7), m reset, global-direction mixing.
+    refreshes it, so its h stays 0 -- not copied, docs/algorithms.md 5.7), m reset, global-direction mixing.
     wd 0.01 (paper; code 0.1). Sends 2 | 3."""
     return _fedpac_sophia("fedpac_sophia", False, lr, weight_decay, rho, betas, hessian_estimator, hess_interval,
                           beta, None)
@@ -185,7 +185,7 @@ def fedpm(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-4, cur
     FOOF-preconditioned SGD with each client's input covariances A_i (computed at the end of its round on its data
     and cached for its next one), and preconditioned mixing on the server,
     W <- W + [sum_i Delta_i (A_i + lambda I)] [sum_j (A_j + lambda I)]^{-1} per linear layer (equations re-derived,
-    ALGORITHMS.md 2.10). LoRA tensors are averaged unless ``mix_lora`` (ALGORITHMS.md 6: not evaluated in the
+    docs/algorithms.md 2.10). LoRA tensors are averaged unless ``mix_lora`` (docs/algorithms.md 6: not evaluated in the
     paper). Defaults: FedPM Table 4, except clipping: Table 4 clips nothing, while fedhf leaves clipping to the
     Trainer's ``max_grad_norm`` (default 1.0) for every algorithm; ``max_grad_norm=0`` is the paper's setting
     (recipes/fedpm_table3_*.yaml). Sends 1 + FA | 1 (FA without the LoRA layers unless ``mix_lora``)."""
@@ -205,7 +205,7 @@ def localnewton(lr: float = 0.3, damping: float = 1.0, weight_decay: float = 1e-
 def fed_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01, betas=(0.9, 0.99),
                hessian_estimator: str = "gnb", hess_interval: int = 10, keep_momentum: bool = True) -> Algorithm:
     """Fed-Sophia (Elbakary et al., 2024, arXiv 2406.06655): local SophiaG whose state -- the momentum m and the
-    Hessian estimate h -- persists per client across its participations (ALGORITHMS.md 2.12, 5.16: the paper indexes
+    Hessian estimate h -- persists per client across its participations (docs/algorithms.md 2.12, 5.16: the paper indexes
     m_t, h_t by a global step and never resets them), plain averaging. ``keep_momentum=False`` keeps h only and
     restarts m every round (this library's behaviour before issue 14). Defaults: Local Sophia's (the seeds give
     none). Sends 1 | 1 (the state never leaves the client)."""
@@ -241,7 +241,7 @@ def fadam_gt(lr: float = 1e-3, weight_decay: float = 1e-8, betas=(0.9, 0.99), ep
 def prefed(lr: float = 1e-3, betas=(0.9, 0.9), tau: float = 1e-3, weight_decay: float = 0.0) -> Algorithm:
     """PreFed (Tao et al., AISTATS 2022, "Preconditioned Federated Optimization", Alg. 2): local covariance
     ("SDProp") optimizer whose preconditioner P is averaged and warm-started; momentum restarts each round
-    (ALGORITHMS.md 5.12). Sends 2 | 2."""
+    (docs/algorithms.md 5.12). Sends 2 | 2."""
     opt = LocalOptimizer("covariance_adam", {"lr": lr, "betas": tuple(betas), "tau": tau,
                                              "weight_decay": weight_decay})
     return Algorithm("prefed", opt, state_sync=AverageWarmstart())
@@ -252,7 +252,7 @@ def prefedopt(lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0
               beta1: float = 0.9, beta2: float = 0.9, tau: float = 1e-3) -> Algorithm:
     """PreFedOpt (Tao et al., AISTATS 2022, Alg. 3): local SGD (momentum 0.9, lr 0.05 as the paper's FedAvg
     baseline, sec. 6), the covariance preconditioner on the server: x <- x + eta_g D / sqrt(P + tau) with D the
-    per-step mean update (sign and momentum typos fixed, ALGORITHMS.md 5.12). Alg. 3's client is plain SGD:
+    per-step mean update (sign and momentum typos fixed, docs/algorithms.md 5.12). Alg. 3's client is plain SGD:
     ``momentum=0`` (the momentum buffer restarts every round either way). Sends 1 | 1."""
     opt = LocalOptimizer("sgd", {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
     return Algorithm("prefedopt", opt, server_rule=ServerRule(Mean(), [CovarianceServer(server_lr, beta1, beta2, tau)]))

@@ -55,7 +55,7 @@ class ClientContext:
     round: int
     round_lr: float  # eta_r, the round's scheduled learning rate
     local_lr: float  # what the local optimizer runs with (eta_r times the correction's lr scale)
-    local_steps: int  # nominal K; normalisations divide by it (ALGORITHMS.md section 5.14)
+    local_steps: int  # nominal K; normalisations divide by it (docs/algorithms.md section 5.14)
     weight: float  # w_i
     params: Dict[str, torch.nn.Parameter]  # live trainable parameters of the resident model
     global_params: TensorDict  # x^r (fp32)

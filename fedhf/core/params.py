@@ -3,7 +3,7 @@
 Exactly the trainable parameters (``requires_grad``) are federated: LoRA A/B and ``modules_to_save`` heads
 under peft, every weight under full fine-tuning. Frozen base weights are never copied per client. Floating
 point buffers (BatchNorm running statistics) are averaged like parameters but never corrected or
-preconditioned (ALGORITHMS.md section 0); integer buffers (``num_batches_tracked``, ``position_ids``) and
+preconditioned (docs/algorithms.md section 0); integer buffers (``num_batches_tracked``, ``position_ids``) and
 non-persistent buffers (constants the model rebuilds itself and never saves, e.g. a causal LM's rotary
 ``inv_freq``) are not federated.
 

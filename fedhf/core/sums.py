@@ -3,7 +3,7 @@
 Every client turns its round into messages of named tensors (the trainer's ``dx.<param>`` and scalars such as
 ``w`` and ``loss``; each component's :class:`fedhf.core.message.Message`, namespaced as ``correction.dc.<param>``,
 ``sync.theta.<key>``, ``server.P.<weight>``). The round's messages are added into one :class:`RoundSums`; every server rule then runs
-deterministically on the sums (ALGORITHMS.md section 4.2). Because nothing needs the list of individual
+deterministically on the sums (docs/algorithms.md section 4.2). Because nothing needs the list of individual
 messages, spreading clients over processes costs exactly one all-reduce per round (:meth:`all_reduce`). The one
 exception is the robust aggregators, which say so (``gathers = True``) and receive every update (:meth:`gather`).
 A read of a key nobody sent is an error (:class:`MissingSum`), never a silent zero.

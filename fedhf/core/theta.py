@@ -1,5 +1,5 @@
 """Theta's vocabulary, shared by the axes that produce it (local optimizers) and those that move or measure it
-(state sync, drift): how a Theta entry is keyed and what structure its tensor has (ALGORITHMS.md 2.15, 4.1).
+(state sync, drift): how a Theta entry is keyed and what structure its tensor has (docs/algorithms.md 2.15, 4.1).
 
 Theta is a flat dict of tensors keyed ``"<state key>:<parameter name>"``. Each optimizer declares the structure
 of its state keys (:meth:`fedhf.optim.base.OptimizerHooks.theta_kind`); a compressor keeps that structure (a

@@ -1,7 +1,7 @@
 """SCAFFOLD's control variates (Karimireddy et al., 2020, option II), applied before preconditioning.
 
 Client step: g <- g - c_i + c.  End of round: c_i+ = c_i - c + (x^r - x_i^K) / (K eta);
-send Delta_c_i = c_i+ - c_i.  Server: c <- c + (1/N) sum_{i in S} Delta_c_i (ALGORITHMS.md 2.4).
+send Delta_c_i = c_i+ - c_i.  Server: c <- c + (1/N) sum_{i in S} Delta_c_i (docs/algorithms.md 2.4).
 c_i persists per client id in the client state store; c is broadcast. With c = c_i = 0 the first round is
 FedAvg; with identical clients c_i = c always, so the correction vanishes and SCAFFOLD equals FedAvg.
 

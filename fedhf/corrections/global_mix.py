@@ -2,7 +2,7 @@
 FedPAC (Liu et al., "Taming Preconditioner Drift").
 
 The server keeps the last round's global direction g_G = -mean_i Delta_i / (K eta_r) (zero in round 0) and
-broadcasts it. A client step mixes it with its own direction with weight beta (ALGORITHMS.md 2.5, 2.8, 2.9):
+broadcasts it. A client step mixes it with its own direction with weight beta (docs/algorithms.md 2.5, 2.8, 2.9):
 
 * ``position="before"`` (FedCM): g <- (1 - beta) g + beta g_G, then the optimizer steps. With SGD this is
   FedCM exactly (coupled weight decay is added by SGD on top).

@@ -1,6 +1,6 @@
 """FedProx's proximal term (Li et al., 2020, "Federated Optimization in Heterogeneous Networks").
 
-Before preconditioning: g <- g + mu (x - x^r) on every trainable tensor (ALGORITHMS.md 2.3). With mu = 0 the
+Before preconditioning: g <- g + mu (x - x^r) on every trainable tensor (docs/algorithms.md 2.3). With mu = 0 the
 client step is the plain local optimizer's, so FedProx(mu=0) is FedAvg.
 """
 

@@ -1,5 +1,5 @@
 """Parameter tracking for adaptive local optimizers: FAdamET and FAdamGT (Chen et al., 2025, "Parameter Tracking
-in Federated Learning with Adaptive Optimization", arXiv 2502.02727, Algorithm 1; ALGORITHMS.md 2.13).
+in Federated Learning with Adaptive Optimization", arXiv 2502.02727, Algorithm 1; docs/algorithms.md 2.13).
 
 The server keeps y (the average of all N clients' tracking terms y_i, which persist per client id) and
 broadcasts it. A client's correction y - y_i is constant over its round and enters either
@@ -14,8 +14,8 @@ Only the clients of Y_r, a subset of the round's sample S_r, refresh their term 
 * FAdamGT: y_i+ = (1/K) sum_k g_k                      (the raw gradients: after clipping, before correction)
 
 and upload Delta_y_i = y_i+ - y_i (unweighted). The server adds y <- y + (1/N) sum_{i in Y_r} Delta_y_i, which
-keeps y the average of all N clients' y_i (as SCAFFOLD's 1/N; ALGORITHMS.md 5.11). K is the nominal number of
-local steps in both formulas (ALGORITHMS.md 5.14). With y = y_i = 0 (round 0) the correction is a no-op and the
+keeps y the average of all N clients' y_i (as SCAFFOLD's 1/N; docs/algorithms.md 5.11). K is the nominal number of
+local steps in both formulas (docs/algorithms.md 5.14). With y = y_i = 0 (round 0) the correction is a no-op and the
 round is the plain local optimizer.
 
 Choice of Y_r: the paper samples it uniformly at random inside S_r (Algorithm 1 line 5). Here Y_r is the first

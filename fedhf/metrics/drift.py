@@ -1,5 +1,5 @@
 """The preconditioner drift Delta_D: how far apart the participants' optimizer states Theta_i end a round
-(FedPAC, Liu et al., 2025, Def. 1 and Fig. 3; ALGORITHMS.md 2.15). Computed before alignment, over participants.
+(FedPAC, Liu et al., 2025, Def. 1 and Fig. 3; docs/algorithms.md 2.15). Computed before alignment, over participants.
 
 * Frobenius (always logged for algorithms with a Theta): Delta_D = sum_i w_i ||Theta_i - Thetabar||_F^2 / W, in
   its sum form sum_i w_i ||Theta_i||^2 / W - ||Thetabar||^2, from two sums every client adds to the round's

@@ -2,7 +2,7 @@
 
 A local optimizer is given by name (``"sgd"``, ``"adamw"``, or the name of any ``torch.optim`` class such as
 ``"RAdam"``) or as any ``torch.optim.Optimizer`` subclass, plus keyword arguments. It is built afresh for a
-client's parameters at the start of each of its rounds (ALGORITHMS.md section 2.1: optimizer state is reset
+client's parameters at the start of each of its rounds (docs/algorithms.md section 2.1: optimizer state is reset
 every round unless a state-sync rule says otherwise).
 """
 
@@ -25,9 +25,9 @@ from .sophia import Sophia
 from .state_size import TORCH_STATE_BYTES
 
 LOCAL_OPTIMIZERS: Registry[type] = Registry("local optimizer", "local_optimizer")
-LOCAL_OPTIMIZERS.register("sgd")(torch.optim.SGD)  # coupled weight decay, ALGORITHMS.md 1.1
-LOCAL_OPTIMIZERS.register("adamw")(torch.optim.AdamW)  # ALGORITHMS.md 1.2
-LOCAL_OPTIMIZERS.register("muon")(MuonAdamW)  # ALGORITHMS.md 1.3: Muon for matrices, AdamW for the rest
+LOCAL_OPTIMIZERS.register("sgd")(torch.optim.SGD)  # coupled weight decay, docs/algorithms.md 1.1
+LOCAL_OPTIMIZERS.register("adamw")(torch.optim.AdamW)  # docs/algorithms.md 1.2
+LOCAL_OPTIMIZERS.register("muon")(MuonAdamW)  # docs/algorithms.md 1.3: Muon for matrices, AdamW for the rest
 LOCAL_OPTIMIZERS.register("soap")(SOAP)  # 1.4
 LOCAL_OPTIMIZERS.register("sophia")(Sophia)  # 1.5 (estimators gnb / hutchinson / empirical_fisher)
 LOCAL_OPTIMIZERS.register("amsgrad")(AMSGradNoBias)  # 1.7 (amsgrad=False: Adam without bias correction)
@@ -138,7 +138,7 @@ class LocalOptimizer:
                               TORCH_THETA_KEYS.get(self.cls, ()))
 
 
-#: Theta of torch.optim classes, exported for the drift metric only (ALGORITHMS.md 2.15: AdamW -> v).
+#: Theta of torch.optim classes, exported for the drift metric only (docs/algorithms.md 2.15: AdamW -> v).
 TORCH_THETA_KEYS = {torch.optim.AdamW: ("exp_avg_sq",), torch.optim.Adam: ("exp_avg_sq",)}
 
 

@@ -1,7 +1,7 @@
 """What a federated local optimizer adds to ``torch.optim.Optimizer``: named parameters, the state Theta that
 can be averaged or warm-started across clients, and model-aware curvature hooks.
 
-Theta (ALGORITHMS.md 2.15, 4.1) is the part of the optimizer state that describes the local geometry: Muon's
+Theta (docs/algorithms.md 2.15, 4.1) is the part of the optimizer state that describes the local geometry: Muon's
 momentum of matrices, SOAP's factors L and R, Sophia's Hessian estimate h, FOOF's input covariances A, the
 second moments of the Adam family. State-sync rules (:mod:`fedhf.sync`) move it between rounds and clients;
 the drift metric Delta_D measures how far the clients' Theta are apart. Everything else in the state (first
@@ -166,7 +166,7 @@ class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
 
 class TorchOptimizer(OptimizerHooks):
     """A ``torch.optim`` optimizer behind the protocol: it steps as itself; its Theta (``theta_keys`` per state,
-    ALGORITHMS.md 2.15: AdamW -> v) is exported for the drift metric only -- it cannot be warm-started."""
+    docs/algorithms.md 2.15: AdamW -> v) is exported for the drift metric only -- it cannot be warm-started."""
 
     theta_kinds = {"exp_avg_sq": NONNEGATIVE}
 

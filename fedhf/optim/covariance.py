@@ -1,5 +1,5 @@
 """The covariance-preconditioned optimizer of PreFed (Tao et al., AISTATS 2022, "Preconditioned Federated
-Learning", Algorithm 2; ALGORITHMS.md 1.8, 2.14).
+Learning", Algorithm 2; docs/algorithms.md 1.8, 2.14).
 
 Like SDProp / AdaBelief, it scales the momentum by the running *variance* of the gradient around the momentum
 rather than by the raw second moment::
@@ -10,7 +10,7 @@ rather than by the raw second moment::
     p <- p - lr m / sqrt(P + tau)
 
 No bias correction. Theta is ``P``: PreFed averages it over the participants and warm-starts every client from
-the average, while m restarts at 0 each round (the server never updates it; ALGORITHMS.md 5.12).
+the average, while m restarts at 0 each round (the server never updates it; docs/algorithms.md 5.12).
 With P = 0 at round 0 the first steps are about lr m / sqrt(tau), i.e. large for a small tau.
 """
 
@@ -36,7 +36,7 @@ def covariance_direction(grad: torch.Tensor, m: torch.Tensor, P: torch.Tensor, b
 
 
 class CovarianceAdam(FederatedOptimizer):
-    """PreFed's client optimizer. Defaults: lr 1e-3 (not stated in the paper; ALGORITHMS.md 2.14 resolves it
+    """PreFed's client optimizer. Defaults: lr 1e-3 (not stated in the paper; docs/algorithms.md 2.14 resolves it
     like the Adam-type baselines), betas (0.9, 0.9) and tau 1e-3 (paper sec. 6), no weight decay."""
 
     theta_keys = ("P",)

@@ -8,13 +8,13 @@ into a homogeneous coordinate (W_aug = [W | b], a_aug = [a; 1]):
     W_aug <- W_aug - lr * G_aug (A + damping I)^{-1},     G_aug = [G_W + wd W | G_b + wd b]   (coupled wd)
 
 It is the local optimizer of FedPM (Ishii et al., AAAI 2026, arXiv 2511.09100, Eq. 11) and of LocalNewton as
-FedPM runs it (ALGORITHMS.md 1.6, 2.10, 2.11). Defaults follow FedPM's App. C: lr 0.3, damping 1.0, wd 1e-4.
+FedPM runs it (docs/algorithms.md 1.6, 2.10, 2.11). Defaults follow FedPM's App. C: lr 0.3, damping 1.0, wd 1e-4.
 
 FOOF layers: every ``nn.Linear`` -- peft's LoRA ``lora_A``/``lora_B`` included -- and every ``nn.Conv2d`` with
 ``groups == 1`` and numeric zero padding (patches unfolded, so in = C_in kh kw), whose ``weight`` this optimizer
 holds. Everything else (norm affine parameters, embeddings, transformers' GPT-2 ``Conv1D``) takes a plain SGD step.
 
-When A is computed (FedPM sec. 4.2, ALGORITHMS.md 2.10 [RESOLVED]): once per round, in :meth:`end_round`, at
+When A is computed (FedPM sec. 4.2, docs/algorithms.md 2.10 [RESOLVED]): once per round, in :meth:`end_round`, at
 x_i^K on the client's data; it is Theta (state key ``"A"`` of the weight), so a state-sync rule can keep it for
 the client's next round. Only a layer with no A (a fresh client, a reset state) gets one at x^r, before the first
 local step. An imported A is used as is.

@@ -2,7 +2,7 @@
 
 Muon (Jordan et al., 2024, github.com/KellerJordan/Muon) orthogonalises the momentum of a weight matrix with a
 quintic Newton-Schulz iteration, so every update has roughly equal singular values; the FedMuon (Liu et al.,
-2025) and FedPAC papers use it as the local optimizer of "Local Muon" (ALGORITHMS.md 1.3, 2.1).
+2025) and FedPAC papers use it as the local optimizer of "Local Muon" (docs/algorithms.md 1.3, 2.1).
 
 Routing (``routing``):
 * ``"ndim>=2"`` (default, the papers' code): every trainable tensor of 2 or more dimensions -- LoRA A and B as
@@ -10,7 +10,7 @@ Routing (``routing``):
 * ``"hidden_only"`` (Keller Jordan's README): the same except embeddings and output heads.
 1-D tensors (biases, norms) go to AdamW. ``torch.optim.Muon`` takes only 2-D parameters, so a tensor of 3 or
 more dimensions (a conv filter (out, in, kh, kw)) reaches it as a 2-D view (out, in*kh*kw) sharing its storage,
-its gradient viewed the same way at every step: the papers' flattening (ALGORITHMS.md 1.3), with the lr
+its gradient viewed the same way at every step: the papers' flattening (docs/algorithms.md 1.3), with the lr
 scaling sqrt(max(1, rows/cols)) of the view. Its momentum (Theta) is exported in the tensor's own shape. A
 tensor whose storage cannot be viewed so (not contiguous, e.g. channels_last) goes to AdamW.
 
@@ -25,7 +25,7 @@ Learning rates follow the FedMuon code: AdamW runs at ``lr`` (the round's schedu
 Forms (``momentum_form``, ``ortho``): the default ``"ema"`` + ``"ns5"`` is Keller Jordan's Muon, run by
 ``torch.optim.Muon``; ``momentum_form="sum"`` (B <- mu B + G) and/or ``ortho="svd"`` (the exact U V^T) run
 :class:`fedhf.optim.muon_exact.ExactMuon` instead -- with ``nesterov=False`` that is FedMuon's Algorithm 1
-(ALGORITHMS.md 1.3, 2.8, 5.4).
+(docs/algorithms.md 1.3, 2.8, 5.4).
 
 ``newton_schulz`` (the default form only): ``"torch"`` (default) steps ``torch.optim.Muon``; ``"batched"`` steps
 :class:`fedhf.optim.muon_batched.BatchedMuon` -- the same math, Newton-Schulz batched over matrices of one shape and,
@@ -69,7 +69,7 @@ class MuonAdamW(FederatedOptimizer):
 
     ``params``: ``named_parameters()`` pairs (needed for ``hidden_only``) or plain tensors (routed by shape).
     Theta = the Muon momentum buffers (``"momentum_buffer:<name>"``), what FedMuon and FedPAC_Muon average; the
-    AdamW state of the other tensors is not Theta and restarts every round (ALGORITHMS.md 2.8, 2.9a).
+    AdamW state of the other tensors is not Theta and restarts every round (docs/algorithms.md 2.8, 2.9a).
     """
 
     theta_keys = ("momentum_buffer",)

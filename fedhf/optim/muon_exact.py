@@ -1,4 +1,4 @@
-"""Muon in the forms ``torch.optim.Muon`` does not offer, for FedMuon's exact Algorithm 1 (ALGORITHMS.md 1.3, 2.8).
+"""Muon in the forms ``torch.optim.Muon`` does not offer, for FedMuon's exact Algorithm 1 (docs/algorithms.md 1.3, 2.8).
 
 Liu et al., 2025, "FedMuon: Accelerating Federated Learning with Matrix Orthogonalization", Algorithm 1, writes the
 local step as M <- beta M + G ; (U, S, V) = SVD(M) ; x <- x - eta U V^T (the sum form, no Nesterov, the exact

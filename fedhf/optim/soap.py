@@ -1,4 +1,4 @@
-"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner (ALGORITHMS.md 1.4, 2.9b).
+"""SOAP: Adam in the eigenbasis of Shampoo's preconditioner (docs/algorithms.md 1.4, 2.9b).
 
 Vyas et al., 2024, "SOAP: Improving and Stabilizing Shampoo using Adam" (arXiv:2409.11321); reference
 implementation github.com/nikhilvyas/SOAP ``soap.py`` (the version vendored unchanged in the FedPAC repo).
@@ -15,7 +15,7 @@ The first step of every tensor -- 1-D ones included, as in the reference -- only
 (lerped into whatever factors exist: zeros, or an imported Theta) and their eigenbases by ``eigh``; it moves
 nothing. The step counter counts real updates only.
 
-Theta (ALGORITHMS.md 2.9b, 2.15) is the factors only, state keys ``"GG0"``, ``"GG1"``, ... (one per
+Theta (docs/algorithms.md 2.9b, 2.15) is the factors only, state keys ``"GG0"``, ``"GG1"``, ... (one per
 preconditioned dimension). The eigenbases ``"Q0"``, ... , ``exp_avg``, ``exp_avg_sq`` and ``step`` stay local.
 
 Deviations from the reference, all said on purpose:
@@ -29,7 +29,7 @@ Deviations from the reference, all said on purpose:
 * ``import_theta`` drops the eigenbasis, moments and step counter of the tensors it sets: new factors make
   the old eigenbasis stale, and 2.9b restarts m, V, t with the next (non-moving) step.
 
-Order options (defaults = the authors' code, ALGORITHMS.md 1.4; issue 14 item 2):
+Order options (defaults = the authors' code, docs/algorithms.md 1.4; issue 14 item 2):
 * ``factor_update="after"`` (default): the factors absorb G after the parameter step, so a step never uses its
   own gradient's outer product (as the paper's single-step listing also writes it). ``"before"``: the factors
   absorb G first and a due refresh runs before the step, so the basis G is projected with already contains G

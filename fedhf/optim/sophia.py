@@ -1,4 +1,4 @@
-"""Sophia: a clipped, diagonally preconditioned sign-momentum optimizer (ALGORITHMS.md 1.5, 2.1, 2.9c, 2.12).
+"""Sophia: a clipped, diagonally preconditioned sign-momentum optimizer (docs/algorithms.md 1.5, 2.1, 2.9c, 2.12).
 
 Liu et al. 2023, "Sophia: A Scalable Stochastic Second-order Optimizer" (reference code: github.com/Liuhong99/Sophia,
 ``sophia.py`` SophiaG and ``train_sophiag.py``). The update uses the reference code's parameterisation::
@@ -26,7 +26,7 @@ from torch's global RNG, which the trainer seeds per client.
 
 Theta (what FedPAC_Sophia averages and warm-starts, Fed-Sophia persists) is ``h``; m restarts with the optimizer,
 unless ``momentum_in_theta=True`` makes Theta {h, m} (state keys ``hessian`` and ``exp_avg``): Fed-Sophia keeps both
-per client (ALGORITHMS.md 2.12, 5.16).
+per client (docs/algorithms.md 2.12, 5.16).
 """
 
 from __future__ import annotations

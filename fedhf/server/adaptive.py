@@ -1,7 +1,7 @@
 """Adaptive server optimizers FedAdagrad, FedYogi, FedAdam (Reddi et al., 2021, "Adaptive Federated
 Optimization", Algorithm 2).
 
-With D the aggregated direction (the mean for FedOpt; ALGORITHMS.md 2.6):
+With D the aggregated direction (the mean for FedOpt; docs/algorithms.md 2.6):
     m <- b1 m + (1 - b1) D
     adagrad: v <- v + D^2 ;  yogi: v <- v - (1 - b2) D^2 sign(v - D^2) ;  adam: v <- b2 v + (1 - b2) D^2
     x <- x + eta_g m / (sqrt(v) + tau)

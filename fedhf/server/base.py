@@ -1,4 +1,4 @@
-"""The server axis: an aggregator followed by a chain of transforms (ALGORITHMS.md 4.2).
+"""The server axis: an aggregator followed by a chain of transforms (docs/algorithms.md 4.2).
 
     D     = aggregator.aggregate(ctx)           mean, median, trimmed mean, preconditioned mixing
     D     = transform.step(D, state, ctx)       for each transform in order: lr, momentum, adam/yogi/adagrad, ...

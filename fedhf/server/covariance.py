@@ -1,5 +1,5 @@
 """PreFedOpt: the covariance preconditioner on the server (Tao et al., AISTATS 2022, "Preconditioned Federated
-Learning", Algorithm 3; ALGORITHMS.md 2.14).
+Learning", Algorithm 3; docs/algorithms.md 2.14).
 
 Clients run plain local SGD; the server treats the per-step average model change as its gradient signal::
 
@@ -8,7 +8,7 @@ Clients run plain local SGD; the server treats the per-step average model change
     P <- b2 P + (1 - b2) (D - m)*(D - m)      (with the updated m)
     x <- x + eta D / sqrt(P + tau)
 
-m^0 = P^0 = 0. Two typos of the paper's listing are fixed (ALGORITHMS.md 5.12): its m update reads
+m^0 = P^0 = 0. Two typos of the paper's listing are fixed (docs/algorithms.md 5.12): its m update reads
 "(b1 - 1)(D_t - m_{t-1})", taken as the usual EMA, and its "-" before eta would ascend since Delta = w_K - w_t,
 so the step is "+". The numerator is D, not m, as written (the SDProp form): m only centres the variance.
 The moments are the local PreFed optimizer's (:func:`fedhf.core.updates.covariance_moments_`, one function for both).

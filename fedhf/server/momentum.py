@@ -1,6 +1,6 @@
 """Server momentum, FedAvgM (Hsu et al., 2019, "Measuring the Effects of Non-Identical Data Distribution").
 
-v <- beta v + D ; x^{r+1} = x^r + eta_g v, with v^0 = 0 (ALGORITHMS.md 2.2). Helps when client updates are noisy
+v <- beta v + D ; x^{r+1} = x^r + eta_g v, with v^0 = 0 (docs/algorithms.md 2.2). Helps when client updates are noisy
 and partial participation makes consecutive rounds disagree. D is whatever the aggregator gives (the mean for
 FedAvgM; ``median+momentum`` for a robust variant).
 """

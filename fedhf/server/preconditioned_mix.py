@@ -1,4 +1,4 @@
-"""FedPM's preconditioned mixing (Ishii et al., AAAI 2026, arXiv 2511.09100, Eq. 8, 10, 12; ALGORITHMS.md 2.10).
+"""FedPM's preconditioned mixing (Ishii et al., AAAI 2026, arXiv 2511.09100, Eq. 8, 10, 12; docs/algorithms.md 2.10).
 
 The ideal global step x - eta (mean_i P_i)^{-1} mean_i g_i is approached by letting each client take K steps
 preconditioned by its own P_i and mixing the results with those same preconditioners:
@@ -14,13 +14,13 @@ than W's inputs when the bias is folded in), so per FOOF layer
 
 and every other tensor takes the plain mean. The damping is inside P_i (the matrix the client inverts), which
 keeps the mixing consensus-preserving (equal Delta_i give that Delta) and makes it FedAvg as lambda -> infinity
-(ALGORITHMS.md 2.10 [RESOLVED]). A_i is the FOOF matrix the client computed at the end of its round, at x_i^K.
+(docs/algorithms.md 2.10 [RESOLVED]). A_i is the FOOF matrix the client computed at the end of its round, at x_i^K.
 
 LoRA tensors (peft's ``lora_A``/``lora_B`` linears) take the plain mean by default: FedPM was not evaluated on
-LoRA, and ALGORITHMS.md 6 makes FedAvg mixing the default for them; ``server_rule_kwargs.mix_lora=True`` mixes
+LoRA, and docs/algorithms.md 6 makes FedAvg mixing the default for them; ``server_rule_kwargs.mix_lora=True`` mixes
 them like any FOOF layer (their clients still step with FOOF either way). Their P is then not sent.
 
-Both halves are sums over participants (reduce keys ``P.<weight name>`` and ``PD.<weight name>``, ALGORITHMS.md
+Both halves are sums over participants (reduce keys ``P.<weight name>`` and ``PD.<weight name>``, docs/algorithms.md
 4.2), so the rule all-reduces like every other. This is the aggregator; the step is the chain's (``lr``, eta_g,
 default 1, for the named ``preconditioned_mix`` rule).
 """

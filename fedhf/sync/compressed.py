@@ -1,5 +1,5 @@
 """Low-rank compressed state sync: FedMuon_SVD (Liu et al., 2025) and FedPAC's "_light" variants (Liu et al.,
-"Taming Preconditioner Drift", Table 6/11); ALGORITHMS.md 2.8, 2.9d, 5.6.
+"Taming Preconditioner Drift", Table 6/11); docs/algorithms.md 2.8, 2.9d, 5.6.
 
 Each client uploads, for every state tensor with ndim >= 2 reshaped to (m, n) = (shape[0], rest), a rank-r
 factorisation with r = max(1, floor(c m n / (m + n + 1))), so the upload is about a fraction c of the tensor;

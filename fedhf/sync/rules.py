@@ -1,4 +1,4 @@
-"""State-sync rules: what happens to a local optimizer's Theta between rounds (ALGORITHMS.md 4.1 (2)).
+"""State-sync rules: what happens to a local optimizer's Theta between rounds (docs/algorithms.md 4.1 (2)).
 
 * ``reset``             -- a fresh optimizer every round (FedAvg family, FedPAC Alg. 1).
 * ``persist_local``     -- each client keeps its own Theta across its participations, never sent (FedPM's cached
@@ -9,7 +9,7 @@
 
 Only Theta moves; the rest of the optimizer state (first moments, eigenbases, counters) starts fresh every round.
 Every rule also contributes Theta_i and ||Theta_i||^2 to its message so the drift metric Delta_D
-(ALGORITHMS.md 2.15) can be computed for any algorithm that has a Theta; only rules that really upload Theta
+(docs/algorithms.md 2.15) can be computed for any algorithm that has a Theta; only rules that really upload Theta
 count its bytes.
 
 The protocol (:class:`StateSync`): ``client_begin(ctx, optimizer)`` may import Theta into the fresh optimizer;

@@ -5,7 +5,7 @@ Everything else is Trainer's: ``evaluate()``/``compute_metrics``, callbacks and 
 simulated by loading the global trainable tensors into it, running K local steps and reading the result back,
 so frozen base weights are never copied per client.
 
-A round, top to bottom (ALGORITHMS.md section 4)::
+A round, top to bottom (docs/algorithms.md section 4)::
 
     clients = sample S of N (seeded, without replacement)
     for each client: load x^r -> K local steps (clip, correction, optimizer) -> send w_i Delta_i (+ extras)

@@ -58,7 +58,7 @@ def test_fedmuon_broadcasts_the_mean_of_the_clients_momenta_and_logs_their_drift
 
 def test_fadam_gt_with_identical_clients_equals_local_amsgrad(digits, tmp_path):
     """Identical clients (the same data, one full batch) track identical gradients, so y - y_i vanishes (up to the
-    float32 rounding of y = sum/N) and FAdamGT is Local AMSGrad with each client's v_hat kept (ALGORITHMS.md 2.13)."""
+    float32 rounding of y = sum/N) and FAdamGT is Local AMSGrad with each client's v_hat kept (docs/algorithms.md 2.13)."""
     same = [[7, 7]] * 3  # one row twice: any shuffle gives the same batch
 
     def run(name, **overrides):

@@ -34,7 +34,7 @@ def _ctx(client_id=3, y=Y, y_i=Y_I, participants=PARTICIPANTS):
 
 
 def _round(tracking, ctx, optimizer=None):
-    """The trainer's local loop (ALGORITHMS.md 2.13): hooks around an optimizer step, SGD at local_lr unless given.
+    """The trainer's local loop (docs/algorithms.md 2.13): hooks around an optimizer step, SGD at local_lr unless given.
     Returns the gradients the optimizer saw and the optimizer's own directions (before the ET shift)."""
     p = ctx.params["w"]
     optimizer = optimizer or torch.optim.SGD([p], lr=ctx.local_lr)

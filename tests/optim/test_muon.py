@@ -44,7 +44,7 @@ def test_routing_sends_lora_matrices_and_head_to_muon(minilm):
 
 
 def test_a_conv_filter_is_trained_as_its_flattened_matrix():
-    """The papers' rule for a 4-D filter (ALGORITHMS.md 1.3): Muon on the (out, in*kh*kw) view, lr scaled by the
+    """The papers' rule for a 4-D filter (docs/algorithms.md 1.3): Muon on the (out, in*kh*kw) view, lr scaled by the
     view's shape. Two steps of MuonAdamW on a conv weight = torch.optim.Muon on the flattened matrix, exactly."""
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 8, 3)

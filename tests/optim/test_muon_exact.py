@@ -1,5 +1,5 @@
 """Muon's other forms (fedhf.optim.muon_exact): FedMuon's Algorithm 1 (sum-form momentum, exact SVD polar factor)
-and the equivalences ALGORITHMS.md 1.3 states."""
+and the equivalences docs/algorithms.md 1.3 states."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_svd_step_is_the_polar_factor_of_the_sum_form_momentum():
 
 
 def test_sum_and_ema_forms_take_the_same_steps_without_nesterov():
-    """Orthogonalisation ignores the scale of U, so only the buffers differ, by 1 / (1 - mu) (ALGORITHMS.md 1.3)."""
+    """Orthogonalisation ignores the scale of U, so only the buffers differ, by 1 / (1 - mu) (docs/algorithms.md 1.3)."""
     start, grads, mu = torch.randn(6, 4, dtype=torch.float64), [g.double() for g in _grads(3, seed=2)], 0.9
     sums, sum_buf = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=False, momentum_form="sum",
                                 ortho="svd")

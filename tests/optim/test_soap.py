@@ -1,4 +1,4 @@
-"""SOAP: Adam in Shampoo's eigenbasis (ALGORITHMS.md 1.4), its first step, its factors as Theta (2.9b)."""
+"""SOAP: Adam in Shampoo's eigenbasis (docs/algorithms.md 1.4), its first step, its factors as Theta (2.9b)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_refresh_sorts_the_basis_and_permutes_the_second_moment():
 
 
 def _literal_soap_2d(start, grads, lr, wd, f, eps=1e-8, b1=0.95, b2=0.95):
-    """ALGORITHMS.md 1.4 written with matrices, rotating m back and forth after every step like the reference."""
+    """docs/algorithms.md 1.4 written with matrices, rotating m back and forth after every step like the reference."""
     p, (L, R), t = start.clone(), (torch.zeros(len(start), len(start)), torch.zeros(start.shape[1], start.shape[1])), 0
     L, R = L.lerp(grads[0] @ grads[0].T, 1 - b2), R.lerp(grads[0].T @ grads[0], 1 - b2)
     ql, qr = torch.linalg.eigh(L)[1].flip(1), torch.linalg.eigh(R)[1].flip(1)

@@ -27,7 +27,7 @@ def _refresh(factor, basis, V, dim, sort):
 
 
 def _by_hand(grads, factor_update, sort):
-    """SOAP on one matrix (ALGORITHMS.md 1.4), no weight decay: step 1 builds L, R and Q = eigh (descending), moves
+    """SOAP on one matrix (docs/algorithms.md 1.4), no weight decay: step 1 builds L, R and Q = eigh (descending), moves
     nothing; then Adam in the eigenbasis with the factors updated after (reference) or before (Shampoo) the step."""
     x = torch.zeros(3, 2, dtype=torch.float64)
     L, R = torch.zeros(3, 3, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64)

@@ -6,7 +6,7 @@ every local gradient is deterministic:
 
     loss(W, b) = 1/2 mean_n ||W x_n + b - y_n||^2 ;  G_W = mean_n r_n x_n^T ,  G_b = mean_n r_n ,  r_n = W x_n + b - y_n
 
-The reference rounds (ALGORITHMS.md sections 0 and 2) are written in the tests with plain torch ops on float64
+The reference rounds (docs/algorithms.md sections 0 and 2) are written in the tests with plain torch ops on float64
 dicts {"lin.weight": W, "lin.bias": b}; the trainer keeps the global model in float32, hence the tolerances.
 """
 
@@ -69,7 +69,7 @@ def start() -> P:
 
 
 def cosine(peak: float, r: int, rounds: int) -> float:
-    """eta_r = peak/2 (1 + cos(pi r / R)) (ALGORITHMS.md 0)."""
+    """eta_r = peak/2 (1 + cos(pi r / R)) (docs/algorithms.md 0)."""
     return 0.5 * peak * (1 + math.cos(math.pi * r / rounds))
 
 

@@ -1,5 +1,5 @@
 """Pinned math, first-order algorithms (issue 14 item 3): one or two hand-computed rounds of each named algorithm on
-the affine model of tests/pinned/pinning.py, run through the real FederatedTrainer, against ALGORITHMS.md section 2
+the affine model of tests/pinned/pinning.py, run through the real FederatedTrainer, against docs/algorithms.md section 2
 written out with plain torch ops. Any wrong sign, scale, order (clip -> correction -> optimizer) or default fails.
 The second-order seeds are in test_pinned_second_order.py, the defaults table in test_pinned_defaults.py."""
 
@@ -14,7 +14,7 @@ CLIP = 0.5  # below every client's first gradient norm: clipping is active where
 
 
 def sgd_step(x, d, eta, wd):
-    """torch SGD without momentum, coupled weight decay: x <- x - eta (d + wd x) (ALGORITHMS.md 1.1)."""
+    """torch SGD without momentum, coupled weight decay: x <- x - eta (d + wd x) (docs/algorithms.md 1.1)."""
     return {k: x[k] - eta * (d[k] + wd * x[k]) for k in x}
 
 
@@ -63,7 +63,7 @@ def test_fedprox_adds_mu_times_the_drift_after_clipping(tmp_path):
 @pytest.mark.parametrize("max_grad_norm", [0.0, CLIP])
 def test_fedcm_mixes_the_clipped_gradient_with_last_rounds_global_direction(tmp_path, max_grad_norm):
     """d = (1 - beta) clip(g) + beta g_G, SGD on d (+ coupled wd); g_G = -mean Delta / (K eta_r), zero in round 0,
-    used with the next round's eta (ALGORITHMS.md 2.5, 5.2)."""
+    used with the next round's eta (docs/algorithms.md 2.5, 5.2)."""
     beta, wd, K = 0.9, 1e-3, 2
     g_G = {W: torch.zeros(2, 2, dtype=torch.float64), B: torch.zeros(2, dtype=torch.float64)}
 
@@ -84,7 +84,7 @@ def test_fedcm_mixes_the_clipped_gradient_with_last_rounds_global_direction(tmp_
 
 
 def test_scaffold_control_variates_over_three_rounds_with_partial_participation(tmp_path):
-    """g <- g - c_i + c; c_i+ = c_i - c + (x^r - x_i^K)/(K eta_r); c <- c + (1/N) sum_S Delta c_i (ALGORITHMS.md
+    """g <- g - c_i + c; c_i+ = c_i - c + (x^r - x_i^K)/(K eta_r); c <- c + (1/N) sum_S Delta c_i (docs/algorithms.md
     2.4); N = 3 clients, 2 per round, so 1/N and 1/S differ and stale c_i are kept."""
     N, S, K, wd = 3, 2, 2, 1e-3
     zero = {W: torch.zeros(2, 2, dtype=torch.float64), B: torch.zeros(2, dtype=torch.float64)}
@@ -112,7 +112,7 @@ def test_scaffold_control_variates_over_three_rounds_with_partial_participation(
 
 
 def test_fedavgm_server_momentum(tmp_path):
-    """v <- beta v + D ; x <- x + eta_g v, v^0 = 0 (ALGORITHMS.md 2.2); wd 1e-4 and beta 0.9 are the defaults."""
+    """v <- beta v + D ; x <- x + eta_g v, v^0 = 0 (docs/algorithms.md 2.2); wd 1e-4 and beta 0.9 are the defaults."""
     wd, beta, server_lr = 1e-4, 0.9, 0.7
     v = {}
 
@@ -133,7 +133,7 @@ def test_fedavgm_server_momentum(tmp_path):
 @pytest.mark.parametrize("kind", ["adam", "yogi", "adagrad"])
 def test_fedopt_server_moments(tmp_path, kind):
     """m <- b1 m + (1-b1) D; v by kind; x <- x + eta_g m / (sqrt(v) + tau); m^0 = 0, v^0 = tau^2, no bias
-    correction (ALGORITHMS.md 2.6). Client lr 0.05, server lr 0.03, b1 0.9, b2 0.99, tau 1e-3: the defaults."""
+    correction (docs/algorithms.md 2.6). Client lr 0.05, server lr 0.03, b1 0.9, b2 0.99, tau 1e-3: the defaults."""
     b1, b2, tau, server_lr = 0.9, 0.99, 1e-3, 0.03
     state = {}
 
@@ -166,7 +166,7 @@ def test_fedopt_server_moments(tmp_path, kind):
 def test_prefedopt_server_covariance_preconditioner(tmp_path, mu):
     """Clients: SGD momentum 0.9 by default (torch: buf <- mu buf + g, first buf = g), plain SGD (Alg. 3) with
     momentum 0. Server: D = mean Delta / K ; m <- b1 m + (1-b1) D ; P <- b2 P + (1-b2)(D - m)^2 ;
-    x <- x + eta D / sqrt(P + tau) (ALGORITHMS.md 2.14)."""
+    x <- x + eta D / sqrt(P + tau) (docs/algorithms.md 2.14)."""
     K, b1, b2, tau, server_lr = 3, 0.9, 0.9, 1e-3, 0.05
     state = {}
 
@@ -193,7 +193,7 @@ def test_prefedopt_server_covariance_preconditioner(tmp_path, mu):
 
 
 def test_local_adamw_restarts_its_state_every_round(tmp_path):
-    """torch AdamW (ALGORITHMS.md 1.2) with fresh m, v, t at each round start (2.1)."""
+    """torch AdamW (docs/algorithms.md 1.2) with fresh m, v, t at each round start (2.1)."""
     b1, b2, eps, wd, K = 0.9, 0.999, 1e-8, 0.01, 2
 
     def client(i, r, eta, x, sample):

@@ -1,4 +1,4 @@
-"""Every named algorithm's defaults, pinned against the paper values of ALGORITHMS.md section 2 (issue 14 item 3):
+"""Every named algorithm's defaults, pinned against the paper values of docs/algorithms.md section 2 (issue 14 item 3):
 the local optimizer's effective hyper-parameters (read from the optimizer a client round builds), the correction,
 the state-sync rule and the server rule, in one table. A changed default or a swapped axis fails its row."""
 
@@ -43,7 +43,7 @@ def settings(name: str) -> dict:
             "server": (component(rule.aggregator), [component(t) for t in rule.transforms])}
 
 
-# ------------------------------------------------------------------ the paper values (ALGORITHMS.md section 2)
+# ------------------------------------------------------------------ the paper values (docs/algorithms.md section 2)
 def sgd(lr, wd, momentum=0.0):  # 1.1: coupled wd, no momentum in the FedPAC/FedMuon baselines
     return {"optimizer": "SGD", "lr": lr, "momentum": momentum, "dampening": 0, "weight_decay": wd, "nesterov": False}
 

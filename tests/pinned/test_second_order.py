@@ -1,6 +1,6 @@
 """Pinned math, second-order seeds (issue 14 item 3): two hand-computed rounds of each named algorithm on the affine
 model of tests/pinned/pinning.py (W a 2 x 2 matrix, b a 1-D bias), run through the real FederatedTrainer, against
-ALGORITHMS.md written out with plain torch ops: the optimizer of section 1, the (1 - beta) local lr and the
+docs/algorithms.md written out with plain torch ops: the optimizer of section 1, the (1 - beta) local lr and the
 correction x <- x - beta eta_r g_G after it (2.8, 2.9), what is averaged, kept or reset (4.3), the server rule."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class GlobalDirection:
 
 
 def ns5(U):
-    """Quintic Newton-Schulz, 5 steps, in bfloat16 (ALGORITHMS.md 1.3): X <- U/||U||; X <- a X + (b A + c A A) X with
+    """Quintic Newton-Schulz, 5 steps, in bfloat16 (docs/algorithms.md 1.3): X <- U/||U||; X <- a X + (b A + c A A) X with
     A = X X^T. addmm as torch.optim.Muon writes it, so the bfloat16 roundings agree bit for bit."""
     a, b, c = 3.4445, -4.7750, 2.0315
     X_ = U.float().bfloat16()
@@ -44,7 +44,7 @@ def ns5(U):
     return X_.double()
 
 
-EXACT = {"momentum_form": "sum", "ortho": "svd", "nesterov": False}  # FedMuon's Algorithm 1 (ALGORITHMS.md 2.8)
+EXACT = {"momentum_form": "sum", "ortho": "svd", "nesterov": False}  # FedMuon's Algorithm 1 (docs/algorithms.md 2.8)
 
 
 def polar(U):
@@ -59,7 +59,7 @@ def polar(U):
 def test_muon_family(tmp_path, name, mu, beta, synced, form):
     """Muon (EMA momentum, nesterov, NS5, lr x 100, decoupled wd 0.01) on W, AdamW (0.9, 0.95, eps 1e-10) on b, both
     at eta_r (1 - beta); then x <- x - beta eta_r g_G; the momenta averaged and warm-started (FedMuon / FedPAC) or
-    reset (Local Muon). ALGORITHMS.md 1.3, 2.8, 2.9a. With ``EXACT``: M <- mu M + G and the SVD's U V^T instead."""
+    reset (Local Muon). docs/algorithms.md 1.3, 2.8, 2.9a. With ``EXACT``: M <- mu M + G and the SVD's U V^T instead."""
     K, wd, mult = 2, 0.01, 100.0
     mix, Bbar, finals_B = GlobalDirection(K), [None], {}
 
@@ -104,7 +104,7 @@ def refreshed(factor, basis, V, dim):
 
 @pytest.mark.parametrize("name, beta, synced", [("fedpac_soap", 0.5, True), ("local_soap", 0.0, False)])
 def test_soap_family(tmp_path, name, beta, synced):
-    """SOAP (ALGORITHMS.md 1.4): the first step of a round only builds L, R (from Lbar, Rbar under FedPAC, from 0
+    """SOAP (docs/algorithms.md 1.4): the first step of a round only builds L, R (from Lbar, Rbar under FedPAC, from 0
     otherwise) and Q = eigh, moving nothing but the correction; then Adam in the eigenbasis, bias-corrected, decoupled
     wd after the step, then L, R absorb G; every f = 2 updates each basis is refreshed: columns sorted by
     diag(Q^T L Q) descending, V permuted alongside, Q <- QR(L Q_sorted), m re-projected. b (1-D) has no factor: the
@@ -165,7 +165,7 @@ SOPHIA = {"hessian_estimator": "empirical_fisher", "hess_interval": 2, "rho": 50
                                                          ("fed_sophia", 0.0, "persist", {"keep_momentum": False}),
                                                          ("local_sophia", 0.0, "reset", {})])
 def test_sophia_family(tmp_path, name, beta, policy, options):
-    """SophiaG (ALGORITHMS.md 1.5): h <- b2 h + (1-b2) g*g at steps 0, 2, ... (empirical Fisher on the step's batch,
+    """SophiaG (docs/algorithms.md 1.5): h <- b2 h + (1-b2) g*g at steps 0, 2, ... (empirical Fisher on the step's batch,
     bs = its rows); x <- x(1 - lr wd); m <- b1 m + (1-b1) g; x <- x - lr sign(m) min(|m| / (rho bs h + 1e-15), 1).
     h is averaged and warm-started (FedPAC_Sophia, 2.9c), kept per client with m (Fed-Sophia, 2.12; m restarts with
     ``keep_momentum=False``) or reset (Local Sophia, 2.1); m restarts each round unless kept. 3 clients, 2 per
@@ -237,7 +237,7 @@ def test_fedlada(tmp_path):
 
 @pytest.mark.parametrize("position", ["after", "before"])
 def test_fadam_tracking(tmp_path, position):
-    """FAdamET ("after") / FAdamGT ("before"), ALGORITHMS.md 2.13: AMSGrad without bias correction, v and v_hat
+    """FAdamET ("after") / FAdamGT ("before"), docs/algorithms.md 2.13: AMSGrad without bias correction, v and v_hat
     start from the client's persisted v_hat, m from 0; ET: x <- x - eta (A + y - y_i); GT: the moments see
     g + y - y_i. Y_r = the first half of the draw; ET y_i+ = y_i - y + (x^r - x^K)/(eta K), GT y_i+ = mean raw g;
     y <- y + (1/N) sum Delta y_i. 3 clients, 2 per round: 1/N, 1/S and 1/|Y| all differ."""
@@ -279,7 +279,7 @@ def test_fadam_tracking(tmp_path, position):
 
 
 def test_prefed(tmp_path):
-    """PreFed (ALGORITHMS.md 1.8, 2.14): m <- b1 m + (1-b1) g; P <- b2 P + (1-b2)(g - m)^2 with the new m;
+    """PreFed (docs/algorithms.md 1.8, 2.14): m <- b1 m + (1-b1) g; P <- b2 P + (1-b2)(g - m)^2 with the new m;
     x <- x - eta m / sqrt(P + tau); P averaged and warm-started, m reset each round."""
     K, b1, b2, tau = 2, 0.9, 0.9, 1e-3
     Pbar, finals_P = {}, {}
@@ -306,7 +306,7 @@ def test_prefed(tmp_path):
 
 @pytest.mark.parametrize("name", ["fedpm", "localnewton"])
 def test_foof_family(tmp_path, name):
-    """FOOF (ALGORITHMS.md 1.6): [W|b] <- [W|b] - lr [G_W + wd W | G_b + wd b] (A + lam I)^{-1}, A = mean [x;1][x;1]^T
+    """FOOF (docs/algorithms.md 1.6): [W|b] <- [W|b] - lr [G_W + wd W | G_b + wd b] (A + lam I)^{-1}, A = mean [x;1][x;1]^T
     over the client's rows; FedPM mixes [W|b]^{r+1} = [W|b]^r + [sum Delta_i P_i][sum P_j]^{-1}, P = A + lam I
     (2.10); LocalNewton averages (2.11). Defaults lr 0.3, lam 1, wd 1e-4 (FedPM Table 4)."""
     K, lam, wd = 2, 1.0, 1e-4

@@ -1,4 +1,4 @@
-"""Which optimizer state is shared, kept or reset, per named algorithm (ALGORITHMS.md 4.3; issue 14 item 3), seen
+"""Which optimizer state is shared, kept or reset, per named algorithm (docs/algorithms.md 4.3; issue 14 item 3), seen
 from inside the real trainer: the Theta every client starts its round with, against the Theta the clients ended the
 previous rounds with. 3 clients, 2 per round, 3 rounds, so a client's own state is older than the last average.
 
@@ -44,7 +44,7 @@ def record_theta(monkeypatch, trainer):
 
 
 def top_eigen(M):
-    """The rank-1 truncation of a symmetric 2 x 2 factor: its eigenpair of largest |eigenvalue| (ALGORITHMS.md 2.9d)."""
+    """The rank-1 truncation of a symmetric 2 x 2 factor: its eigenpair of largest |eigenvalue| (docs/algorithms.md 2.9d)."""
     values, vectors = torch.linalg.eigh(M.double())
     j = int(values.abs().argmax())
     return (values[j] * torch.outer(vectors[:, j], vectors[:, j])).float()

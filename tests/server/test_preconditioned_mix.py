@@ -177,7 +177,7 @@ class _HeadAndLoRA(torch.nn.Module):
 
 @pytest.mark.parametrize("mix_lora", [False, True])
 def test_lora_tensors_are_averaged_unless_mix_lora(mix_lora):
-    """ALGORITHMS.md 6: FedPM on LoRA mixes LoRA tensors by FedAvg unless enabled; the head is mixed either way."""
+    """docs/algorithms.md 6: FedPM on LoRA mixes LoRA tensors by FedAvg unless enabled; the head is mixed either way."""
     lora = "adapter.lora_A.default.weight"
     model = _HeadAndLoRA().double()
     params = dict(model.named_parameters())
