@@ -103,6 +103,24 @@ def test_every_cited_algorithms_section_exists():
     assert {s: where for s, where in cited.items() if s not in sections} == {}
 
 
+_OUTSIDE = re.compile(r"\b(?:ALGORITHMS|DESIGN|ENVIRONMENT|REVIEW)\.md|\b[Ii]ssue \d+")
+
+
+def outside_references(text: str) -> list:
+    """Things a reader of the repository cannot open: the project's working notes (kept outside it) and tracker
+    numbers ("issue 14"); an upstream issue is cited by its URL instead."""
+    return _OUTSIDE.findall(text)
+
+
+def test_nothing_points_outside_the_repository():
+    found = {}
+    for path in [*_code_files(), *PAGES]:
+        hits = outside_references(path.read_text())
+        if hits and path != pathlib.Path(__file__):
+            found[str(path.relative_to(ROOT))] = hits
+    assert found == {}
+
+
 def test_the_checks_see_a_broken_link_a_missing_path_and_a_missing_section(tmp_path):
     page = tmp_path / "page.md"
     (tmp_path / "there.md").write_text("# A heading\n")
@@ -113,3 +131,5 @@ def test_the_checks_see_a_broken_link_a_missing_path_and_a_missing_section(tmp_p
     citation = "see docs/algorithms" + ".md sections 2.1, 2.7-2.14 and 9.9"  # split, or the scan above finds it
     assert cited_sections(citation) == ["2.1", "2.7", "2.14", "9.9"]
     assert "9.9" not in algorithm_sections() and {"0", "2.9d", "4.2", "5.6", "6"} <= algorithm_sections()
+    assert outside_references("see DESIGN" + ".md and issue" + " 14, 6c; https://github.com/o/r/issues/3") == \
+        ["DESIGN.md", "issue 14"]
