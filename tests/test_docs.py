@@ -103,6 +103,24 @@ def test_every_cited_algorithms_section_exists():
     assert {s: where for s, where in cited.items() if s not in sections} == {}
 
 
+def readme_algorithm_names(text: str) -> list:
+    """The names in the first column of the README's algorithm table (`fedpac_muon`, and `_light` as a suffix)."""
+    section = text.split("## Algorithms", 1)[1].split("\n## ", 1)[0]
+    names = []
+    for row in re.findall(r"^\| (`[^|]*) \|", section, flags=re.M):
+        found = re.findall(r"`(\w+)`", row)
+        names += found + [f"{n}_light" for n in found if "(+ `_light`)" in row and not n.startswith("_")]
+    return sorted(set(n for n in names if not n.startswith("_")))
+
+
+def test_readme_algorithm_table_is_the_registry():
+    from fedhf import list_algorithms
+
+    text = (ROOT / "README.md").read_text()
+    assert readme_algorithm_names(text) == sorted(list_algorithms())
+    assert f"the {len(list_algorithms())} named algorithms" in text
+
+
 _OUTSIDE = re.compile(r"\b(?:ALGORITHMS|DESIGN|ENVIRONMENT|REVIEW)\.md|\b[Ii]ssue \d+")
 
 
