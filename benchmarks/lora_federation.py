@@ -1,7 +1,7 @@
 """LoRA aggregation rules compared: accuracy and eval loss per round and per communicated MB, over seeds.
 
 Every method is one setting on the same named algorithm (fedavg, SGD at ``BASE_LR``), so the rows differ only in
-how the clients' adapters are combined and what is sent (README, "LoRA federation"):
+how the clients' adapters are combined and what is sent (docs/lora_federation.md):
 
 * ``fedavg``: A and B averaged apart (the naive rule: the mean of B_i times the mean of A_i);
 * ``server_rule=fedex_lora`` (FedEx-LoRA, arXiv:2410.09432): the mean product, exact, residual folded into the base;
@@ -46,8 +46,8 @@ from comparison_tasks import ACCURACY, HERE, LORA_BUDGETS, TARGETS  # noqa: E402
 
 from fedhf.metrics import write_json_atomic  # noqa: E402
 
-# SGD's lr per task: tweets' is the README quickstart's (FedAvg-SGD lr 1.0 on this model and data); the Llama's
-# LoRA-only adapters on a random base moved slowly at 1.0 on the quick budget.
+# SGD's lr per task: tweets' is the one tried for the quickstart (benchmarks/README.md: FedAvg-SGD lr 1.0 on this
+# model and data); the Llama's LoRA-only adapters on a random base moved slowly at 1.0 on the quick budget.
 BASE_LR = {"tweets": 1.0, "llm-lora": 3.0}
 METHODS = {"fedavg": "", "fedex_lora": "@server_rule=fedex_lora", "flora": "@server_rule=flora",
            "flexlora": "@server_rule=flexlora", "fedsvd": "@server_rule=fedsvd", "ffa": "@parameter_sharing=ffa",

@@ -1,4 +1,4 @@
-"""Cost of Muon, SOAP and Sophia (issue 14, item 6): against public implementations, and per local step vs AdamW.
+"""Cost of Muon, SOAP and Sophia: against public implementations, and per local step vs AdamW.
 
 6a (benchmarks/optimizer_reference.py): each fedhf optimizer's step against ``torch.optim.Muon`` and
 pytorch-optimizer's ``SOAP`` / ``SophiaH`` on the same parameter set and the same recorded gradients: ms per step,
@@ -53,9 +53,10 @@ from optimizer_reference import compare_with_references, reference_module, sync 
 from fedhf.data.demo import tiny_llama  # noqa: E402
 from fedhf.optim import LocalOptimizer, ModelAccess  # noqa: E402
 
-#: What each optimizer is built with (defaults otherwise). The [variants] are fedhf's cheaper options (issue 14,
-#: 6c): Muon's batched Newton-Schulz (float32 products on CPUs without bfloat16 units), Gram Newton-Schulz;
-#: sophia[multinomial] draws GNB's labels as the Sophia authors' code does (the default is the inverse CDF).
+#: What each optimizer is built with (defaults otherwise). The [variants] are fedhf's cheaper options (the same
+#: math in fewer kernels): Muon's batched Newton-Schulz (float32 products on CPUs without bfloat16 units), Gram
+#: Newton-Schulz; sophia[multinomial] draws GNB's labels as the Sophia authors' code does (the default is the
+#: inverse CDF).
 OPTIMIZERS = {"adamw": {}, "muon": {}, "muon[batched]": {"newton_schulz": "batched"},
               "muon[gram]": {"newton_schulz": "gram"}, "soap": {}, "sophia": {"hess_interval": 10},
               "sophia[multinomial]": {"hess_interval": 10, "label_sampler": "multinomial"}}

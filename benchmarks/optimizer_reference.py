@@ -1,4 +1,4 @@
-"""Issue 14, 6a: each fedhf optimizer's step against a public implementation of the same optimizer.
+"""Each fedhf optimizer's step against a public implementation of the same optimizer.
 
 References (benchmark dependencies, never test dependencies): ``torch.optim.Muon`` (torch 2.13) and
 pytorch-optimizer 3.11.0's ``SOAP`` and ``SophiaH`` (``make benchmarks`` installs it with ``--no-deps``).

@@ -1,5 +1,5 @@
-"""The paper recipes run to their end: each seed paper's main comparison, our figure beside the paper's (issue 14,
-item 5).
+"""The paper recipes run to their end: each seed paper's main comparison, our figure beside the paper's
+(benchmarks/paper_recipes_result.md).
 
 Every row is one command of a recipe's header -- ``fedhf train --config recipes/<recipe>.yaml`` for the paper's
 algorithm and the same with ``--algorithm <baseline> --algorithm_kwargs ...`` for each baseline -- run as its own

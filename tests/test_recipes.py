@@ -131,7 +131,7 @@ def test_causal_lm_recipe_runs_end_to_end_on_a_tiny_budget(tmp_path):
 
 
 # Named algorithms never set clipping: `max_grad_norm` is the Trainer's one setting for it (default 1.0) under every
-# algorithm (README, "Gradient clipping"). A paper's own clipping lives in its recipe, pinned here with its source.
+# algorithm (docs/configuration.md, clipping). A paper's own clipping lives in its recipe, pinned here with its source.
 PAPER_CLIPPING = {
     "fedpm_table3_digits_convnext_dir0.1_n10.yaml": 0.0,  # FedPM Table 4: none
     "fedpac_table1_digits_convnext_dir0.1_n100.yaml": 10.0,  # not in the paper; the authors' code clips at 10

@@ -1,4 +1,4 @@
-"""An algorithm is a composition of four orthogonal choices (DESIGN.md section 1, docs/algorithms.md section 4):
+"""An algorithm is a composition of four orthogonal choices (docs/algorithms.md section 4):
 
 * ``local_optimizer`` -- the optimizer a client runs (:class:`fedhf.optim.LocalOptimizer`);
 * ``state_sync`` -- what happens to the optimizer's state Theta between rounds (:mod:`fedhf.sync`: reset,

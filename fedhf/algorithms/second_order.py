@@ -207,7 +207,7 @@ def fed_sophia(lr: float = 3e-4, weight_decay: float = 0.01, rho: float = 0.01, 
     """Fed-Sophia (Elbakary et al., 2024, arXiv 2406.06655): local SophiaG whose state -- the momentum m and the
     Hessian estimate h -- persists per client across its participations (docs/algorithms.md 2.12, 5.16: the paper indexes
     m_t, h_t by a global step and never resets them), plain averaging. ``keep_momentum=False`` keeps h only and
-    restarts m every round (this library's behaviour before issue 14). Defaults: Local Sophia's (the seeds give
+    restarts m every round (fedhf's earlier behaviour, kept for old runs). Defaults: Local Sophia's (the seeds give
     none). Sends 1 | 1 (the state never leaves the client)."""
     return Algorithm("fed_sophia", _sophia(lr, weight_decay, rho, betas, hessian_estimator, hess_interval,
                                            momentum_in_theta=keep_momentum),

@@ -1,4 +1,4 @@
-"""Gram Newton-Schulz: Muon's quintic iteration run on the small Gram matrix (issue 14, 6c).
+"""Gram Newton-Schulz: Muon's quintic iteration run on the small Gram matrix (a cheaper Muon step, off by default).
 
 Dao, Zhang, Amsel and Chen, 2026, "Gram Newton-Schulz: a fast, hardware-aware Newton-Schulz algorithm for Muon"
 (tridao.me/blog/2026/gram-newton-schulz; github.com/Dao-AILab/gram-newton-schulz). For a wide n x m matrix X_0

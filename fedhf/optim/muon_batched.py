@@ -1,4 +1,4 @@
-"""``torch.optim.Muon``'s math with the Newton-Schulz iterations batched over matrices of one shape (issue 14, 6c).
+"""``torch.optim.Muon``'s math with the Newton-Schulz iterations batched over matrices of one shape (cheaper, off).
 
 torch.optim.Muon (torch 2.13, ``_single_tensor_muon``; Keller Jordan's Muon, github.com/KellerJordan/Muon)
 orthogonalises one matrix at a time: five quintic Newton-Schulz steps in bfloat16, each three small matmuls. A

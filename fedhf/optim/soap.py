@@ -29,7 +29,7 @@ Deviations from the reference, all said on purpose:
 * ``import_theta`` drops the eigenbasis, moments and step counter of the tensors it sets: new factors make
   the old eigenbasis stale, and 2.9b restarts m, V, t with the next (non-moving) step.
 
-Order options (defaults = the authors' code, docs/algorithms.md 1.4; issue 14 item 2):
+Order options (defaults = the authors' code, docs/algorithms.md 1.4; the paper and the code order them differently):
 * ``factor_update="after"`` (default): the factors absorb G after the parameter step, so a step never uses its
   own gradient's outer product (as the paper's single-step listing also writes it). ``"before"``: the factors
   absorb G first and a due refresh runs before the step, so the basis G is projected with already contains G

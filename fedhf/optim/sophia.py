@@ -51,7 +51,7 @@ def sophia_direction(exp_avg: torch.Tensor, hessian: torch.Tensor, rho: float, b
                      eps: float = 1e-15) -> torch.Tensor:
     """P_Theta: sign(m) min(|m| / (rho bs h + eps), 1) -- a Newton-like step m/(bs h), clipped per coordinate."""
     # clamp(m / d, -1, 1) with d = rho bs h + eps > 0 is sign(m) min(|m| / d, 1) bit for bit (IEEE division is
-    # symmetric in the sign of m), in three elementwise passes instead of five (issue 14, 6c).
+    # symmetric in the sign of m), in three elementwise passes instead of five (the step's cost, not its math).
     return exp_avg.div(torch.mul(hessian, rho * batch_size).add_(eps)).clamp_(-1.0, 1.0)
 
 
@@ -69,7 +69,7 @@ def sophia_update_foreach(params: List[torch.Tensor], grads: List[torch.Tensor],
                           batch_size: float, eps: float = 1e-15) -> None:
     """:func:`sophia_update` on lists of float32 tensors with ``torch._foreach_*`` ops: the same elementwise
     operations in the same order (bit-identical), one kernel per operation for all tensors instead of one per
-    tensor -- what pays on LoRA's many small factors (issue 14, 6c)."""
+    tensor -- what pays on LoRA's many small factors, where per-tensor dispatch dominates the step."""
     torch._foreach_mul_(params, 1.0 - lr * weight_decay)
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)

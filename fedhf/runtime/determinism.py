@@ -3,7 +3,7 @@
 Every random draw already comes from a per-(seed, round, client) stream, so the clients compute the same things
 wherever they run. What remains is floating-point summation order inside CPU kernels, which depends on the number
 of torch intra-op threads: a 1-process run with 2 threads and a 2-process run with 1 thread each (torchrun sets
-OMP_NUM_THREADS=1) differ after a few rounds (2e-3 after 3 FedMuon rounds, issue 12). With the same thread count in
+OMP_NUM_THREADS=1) differ after a few rounds (2e-3 after 3 FedMuon rounds, measured). With the same thread count in
 every process they are bit-identical (tested with 1). ``full_determinism=True`` therefore also sets torch's thread
 count to 1 in every process (Trainer already enables deterministic kernels for it); otherwise the count is recorded
 in partition.json and a multi-process run warns if it is not 1.

@@ -17,7 +17,7 @@ identically (same seeds).
 
 Counted once: every process ends the round with the same client messages, so only process 0 adds them to the
 round's sums (the others add into a sums object that is dropped); the round's all-reduce then carries each client
-exactly once (issue 9 item 1 was a double count).
+exactly once (were every process to add them, each client would count world-size times).
 
 Refused before any work (:func:`check_client_parallel`): ``batched_clients > 1`` (its stacked copies split the
 rows by client already), models with averaged buffers (BatchNorm statistics of a shard are not those of the

@@ -14,7 +14,7 @@ Differences from TrainingArguments, on purpose:
   ``save_strategy="steps"``/``save_steps`` set ``save_every_rounds``, ``logging_steps`` (default 1) counts rounds.
   Whenever an ``eval_dataset`` is given the global model is evaluated every ``eval_every_rounds`` rounds and after
   the last (``eval_on_start`` adds round 0). Every TrainingArguments field is honoured, refused with the fix, or
-  listed as having no effect in fedhf/trainer/settings.py (the README's "Trainer settings" table).
+  listed as having no effect in fedhf/trainer/settings.py (docs/trainer_settings.md is generated from it).
 """
 
 from __future__ import annotations
@@ -210,11 +210,11 @@ class FederatedConfig(TrainingArguments):
             self.use_cpu = True
         if (self.bf16 or self.bf16_full_eval) and not self.use_cpu and not torch.accelerator.is_available():
             # CPU is the only device, and bf16 autocast runs there, but transformers refuses bf16 without use_cpu:
-            # a recipe with `bf16: true` would not load on a CPU-only machine (issue 12).
+            # a recipe with `bf16: true` would otherwise not load on a CPU-only machine.
             self.use_cpu = True
         coerce_numeric_strings(self)  # before TrainingArguments compares them with numbers
         check_output_dir(self.output_dir)
-        refuse_unsupported(self, TRAINING_ARGUMENTS_DEFAULTS)  # fedhf/trainer/settings.py: the README table
+        refuse_unsupported(self, TRAINING_ARGUMENTS_DEFAULTS)  # fedhf/trainer/settings.py: docs/trainer_settings.md
         map_round_strategies(self)
         super().__post_init__()
         check_batch_sizes(self)

@@ -1,6 +1,7 @@
 """Every ``TrainingArguments`` field in the round loop: honoured (with its meaning in rounds), refused with the fix
-named, or of no effect on the federated result (and why). The README's "Trainer settings" table is this table;
-tests/trainer/test_settings.py fails if a field of TrainingArguments is missing from it.
+named, or of no effect on the federated result (and why). docs/trainer_settings.md is generated from this table
+(``python -m tests.trainer.settings_table``); tests/trainer/test_settings.py fails if a field of TrainingArguments is
+missing from it or the page is stale.
 
 One "step" of the trainer state is one round, so Trainer's step-counted settings become round-counted:
 ``eval_strategy="steps"``/``eval_steps`` -> ``eval_every_rounds``, ``save_strategy="steps"``/``save_steps`` ->
@@ -116,7 +117,7 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "remove_unused_columns": (HONOURED, "as in Trainer, for client data and evaluation"),
     "label_names": (HONOURED, "as in Trainer; also where the data checks look for labels"),
     "train_sampling_strategy": (REFUSED, "each client reshuffles its own rows per pass; leave it 'random'"),
-    "length_column_name": (NO_EFFECT, "used only by group_by_length (issue 11)"),
+    "length_column_name": (NO_EFFECT, "used only by length-grouped sampling (train_sampling_strategy='group_by_length'), which is refused"),
     "ddp_find_unused_parameters": (NO_EFFECT, "local steps never run under DDP"),
     "ddp_bucket_cap_mb": (NO_EFFECT, "local steps never run under DDP"),
     "ddp_broadcast_buffers": (NO_EFFECT, "local steps never run under DDP"),
@@ -134,7 +135,7 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "do_predict": (NO_EFFECT, "a flag for scripts, as in Trainer"),
     "resume_from_checkpoint": (NO_EFFECT, "a flag for scripts, as in Trainer: pass it to train()"),
     "local_rank": (HONOURED, "set by the launcher"),
-    # Decided in issue 11 (the llm helper): listed so that the table is complete.
+    # The LLM fine-tuning settings (micro-batching, checkpointing, loss options), listed so that the table is complete.
     "gradient_accumulation_steps": (HONOURED, "a local step = one optimizer step over G micro-batches, the union's "
                                                  "per-token (causal LM) or per-row mean"),
     "activation_checkpointing": (HONOURED, "switched on at the start of the round loop, as Trainer does"),

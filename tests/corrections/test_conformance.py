@@ -1,4 +1,4 @@
-"""Every registered correction through the same checks (issue 10 item 6): a round without gradient is a fixed point
+"""Every registered correction through the same checks (one suite per axis): a round without gradient is a fixed point
 of the client and the server halves, the server state survives a safetensors round trip, the server half does
 not depend on the order in which clients are summed, a tensor frozen for a round (RoLoRA) leaves every correction
 state of it unchanged, and a component a client does not train (``lora_client_ranks``) contributes nothing.

@@ -48,7 +48,7 @@ def _run(n_processes, specs, out_dir, launcher="torchrun", readme=False, script_
         command = [sys.executable, *script]
     elif launcher == "torchrun":
         command = [TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), *script]
-    else:  # the CPU command documented in the README (plain --cpu would start a single process)
+    else:  # the CPU command documented in docs/scaling.md (plain --cpu would start a single process)
         command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(n_processes), "--num_machines", "1",
                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
                    *script]
@@ -91,7 +91,7 @@ def test_accelerate_launch_gives_the_same_global_model(runs, tmp_path):
 @pytest.mark.parametrize("algorithm,launcher", [("scaffold", "torchrun"), ("fadam_gt", "torchrun"),
                                                 ("fedpm", "accelerate")])
 def test_readme_launch_commands_without_use_cpu_give_the_one_process_model(tmp_path, algorithm, launcher):
-    """The README's commands with the README's config (no `use_cpu`) on a machine without a GPU: every process
+    """docs/scaling.md's commands with its config (no `use_cpu`) on a machine without a GPU: every process
     must be counted, or each trains every client and the sums double (SCAFFOLD's c, FAdamGT's y and FedPM's
     mixing depend on the count, so the model would differ, not just the logs)."""
     if torch.cuda.is_available():

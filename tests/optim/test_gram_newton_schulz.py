@@ -1,4 +1,4 @@
-"""Gram Newton-Schulz (issue 14, 6c): the usual quintic iteration rewritten on X X^T, the same math."""
+"""Gram Newton-Schulz (a cheaper Muon option): the usual quintic iteration rewritten on X X^T, the same math."""
 
 import pytest
 import torch

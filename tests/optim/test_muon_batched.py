@@ -1,4 +1,4 @@
-"""BatchedMuon (issue 14, 6c) against torch.optim.Muon: the same math, Newton-Schulz batched per oriented shape."""
+"""BatchedMuon (an option) against torch.optim.Muon: the same math, Newton-Schulz batched per oriented shape."""
 
 import pytest
 import torch

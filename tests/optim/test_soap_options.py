@@ -1,4 +1,4 @@
-"""SOAP's order options (issue 14 item 2): when the factors absorb G (``factor_update``) and how a refresh orders
+"""SOAP's order options (paper vs code orders): when the factors absorb G (``factor_update``) and how a refresh orders
 the eigenbasis (``eigenbasis_refresh``), each against a hand-written float64 trajectory of a 3 x 2 matrix."""
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def test_refresh_runs_at_steps_0_k_2k_and_leaves_grad_untouched(estimator):
 
 
 def test_foreach_update_is_the_per_tensor_update_bit_for_bit():
-    """sophia_update_foreach (one kernel per op for all tensors; issue 14, 6c) = sophia_update tensor by tensor, and
+    """sophia_update_foreach (one kernel per op for all tensors, for speed) = sophia_update tensor by tensor, and
     Sophia steps float32 parameters with it and a bfloat16 one with the per-tensor path."""
     torch.manual_seed(0)
     shapes = [(4, 24), (24, 4), (7,), (3, 5, 2)]
@@ -243,7 +243,7 @@ def test_foreach_update_is_the_per_tensor_update_bit_for_bit():
 
 
 def test_inverse_cdf_labels_are_the_softmax_quantiles_and_follow_its_distribution():
-    """sample_labels(..., "inverse_cdf") (issue 14, 6c): y is the first class whose cumulative probability reaches
+    """sample_labels(..., "inverse_cdf") (the default): y is the first class whose cumulative probability reaches
     the row's uniform draw, so over 20,000 rows each class turns up with its softmax probability (4 sigma)."""
     from fedhf.optim.sophia import sample_labels
 

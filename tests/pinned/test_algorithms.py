@@ -1,4 +1,4 @@
-"""Pinned math, first-order algorithms (issue 14 item 3): one or two hand-computed rounds of each named algorithm on
+"""Pinned math, first-order algorithms: one or two hand-computed rounds of each named algorithm on
 the affine model of tests/pinned/pinning.py, run through the real FederatedTrainer, against docs/algorithms.md section 2
 written out with plain torch ops. Any wrong sign, scale, order (clip -> correction -> optimizer) or default fails.
 The second-order seeds are in test_pinned_second_order.py, the defaults table in test_pinned_defaults.py."""

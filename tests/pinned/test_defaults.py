@@ -1,4 +1,4 @@
-"""Every named algorithm's defaults, pinned against the paper values of docs/algorithms.md section 2 (issue 14 item 3):
+"""Every named algorithm's defaults, pinned against the paper values of docs/algorithms.md section 2:
 the local optimizer's effective hyper-parameters (read from the optimizer a client round builds), the correction,
 the state-sync rule and the server rule, in one table. A changed default or a swapped axis fails its row."""
 

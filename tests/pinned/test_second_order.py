@@ -1,4 +1,4 @@
-"""Pinned math, second-order seeds (issue 14 item 3): two hand-computed rounds of each named algorithm on the affine
+"""Pinned math, second-order seeds: two hand-computed rounds of each named algorithm on the affine
 model of tests/pinned/pinning.py (W a 2 x 2 matrix, b a 1-D bias), run through the real FederatedTrainer, against
 docs/algorithms.md written out with plain torch ops: the optimizer of section 1, the (1 - beta) local lr and the
 correction x <- x - beta eta_r g_G after it (2.8, 2.9), what is averaged, kept or reset (4.3), the server rule."""

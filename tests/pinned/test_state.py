@@ -1,4 +1,4 @@
-"""Which optimizer state is shared, kept or reset, per named algorithm (docs/algorithms.md 4.3; issue 14 item 3), seen
+"""Which optimizer state is shared, kept or reset, per named algorithm (docs/algorithms.md 4.3), seen
 from inside the real trainer: the Theta every client starts its round with, against the Theta the clients ended the
 previous rounds with. 3 clients, 2 per round, 3 rounds, so a client's own state is older than the last average.
 

@@ -1,5 +1,5 @@
-"""A quantised base whose new head was quantised too is refused before any work, naming the fix (ENVIRONMENT.md
-section 8: bitsandbytes turns a newly initialised classifier into a 4/8-bit layer it never quantises)."""
+"""A quantised base whose new head was quantised too is refused before any work, naming the fix (seen on a CPU
+with bitsandbytes 0.50: it turns a newly initialised classifier into a 4/8-bit layer it never quantises)."""
 
 from __future__ import annotations
 

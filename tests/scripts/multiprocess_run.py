@@ -5,7 +5,7 @@
 writes OUT_DIR/<ALGORITHM[_SERVER_RULE]>.safetensors per spec (one launch for all: a launch costs ~10 s of
 start-up).
 
-``readme``: the config as the README writes it, without ``use_cpu=True`` (on a machine without a GPU,
+``readme``: the config as docs/scaling.md writes it, without ``use_cpu=True`` (on a machine without a GPU,
 FederatedConfig must still see every process).
 """
 

@@ -1,4 +1,4 @@
-"""Every registered aggregator and server transform through the same checks (issue 10 item 6): a zero direction
+"""Every registered aggregator and server transform through the same checks (one suite per axis): a zero direction
 is no step at round 0, state survives a safetensors round trip, and aggregation does not depend on client order.
 A registered component missing from the lists below fails the coverage test (corrections and state-sync rules
 have theirs in tests/corrections/ and tests/sync/)."""

@@ -1,4 +1,4 @@
-"""Every registered state-sync rule through the same checks (issue 10 item 6), with a real Theta (AMSGrad's v_hat
+"""Every registered state-sync rule through the same checks (one suite per axis), with a real Theta (AMSGrad's v_hat
 on a matrix whose gradients are rank one, so v_hat = g^2 is rank one too and a low-rank upload keeps it exactly):
 identical clients hand the next round exactly their Theta (rules that warm-start) or nothing (reset), the broadcast
 survives a safetensors round trip, the server half does not depend on client order, and only rules that really

@@ -1,11 +1,10 @@
 """Every TrainingArguments field is honoured in the round loop, refused with the fix, or listed as having no effect
-(fedhf/trainer/settings.py, the README's "Trainer settings" table); the round-counted ones work."""
+(fedhf/trainer/settings.py, and docs/trainer_settings.md generated from it); the round-counted ones work."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 import re
 
 import pytest
@@ -16,8 +15,9 @@ from transformers import EarlyStoppingCallback, TrainerCallback, TrainingArgumen
 from fedhf.trainer.settings import HONOURED, NO_EFFECT, REFUSED, SETTINGS
 
 from tests.helpers import config, digit_trainer, tiny_resnet, trainable_state
+from tests.trainer.settings_table import DOC, render
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+PAGE = DOC  # docs/trainer_settings.md, the page that holds the table (it was the README's)
 
 
 def test_every_training_arguments_field_is_in_the_table():
@@ -29,9 +29,15 @@ def test_every_training_arguments_field_is_in_the_table():
 
 
 def test_readme_table_lists_every_decided_field():
-    text = README.read_text()
+    text = PAGE.read_text()
     for name, (status, meaning) in SETTINGS.items():
         assert f"| `{name}` | {status} | {meaning} |" in text, name
+
+
+def test_docs_trainer_settings_is_generated_from_the_table():
+    order = [f.name for f in dataclasses.fields(TrainingArguments)]
+    assert PAGE.read_text() == render(SETTINGS, order), \
+        "docs/trainer_settings.md is stale: regenerate it with `python -m tests.trainer.settings_table`"
 
 
 BAD_VALUES = {
