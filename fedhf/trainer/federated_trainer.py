@@ -108,8 +108,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)
         check_evaluation_set(args, self.eval_dataset, self.callback_handler.callbacks)
-        self.algorithm = args.build_algorithm()
-        self.sharing = args.build_sharing()
+        self.algorithm = args.built_algorithm()  # built once, by the config (rebuilt there if a field changed)
+        self.sharing = args.built_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
         check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm,
                            args.batched_clients)
