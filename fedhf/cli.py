@@ -70,7 +70,7 @@ def partition(config: str, overrides: List[str]) -> List[str]:
 
     recipe = load_recipe(config)
     args = recipe.training_arguments(overrides)
-    algorithm = args.build_algorithm()  # a bad algorithm setting fails here, before the data is read
+    algorithm = args.built_algorithm()  # built (and checked) with the config, before the data is read
     _, report = partition_dataset(load_splits(recipe.data, args.seed)["train"], args)
     paths = save_partition_report({**report, "algorithm": algorithm.describe()}, args.output_dir)
     print("\n".join(paths))

@@ -64,7 +64,6 @@ class ClientContext:
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar broadcast by the state-sync rule
     participants: Sequence[int] = ()  # the round's sampled clients S_r, in sampling order (all processes)
     num_clients: int = 0  # N
-    scratch: Dict[str, object] = field(default_factory=dict)  # per-client-round values a correction keeps
     trained: TrainedPart = field(default_factory=TrainedPart)  # what this client trains (default: everything)
 
 

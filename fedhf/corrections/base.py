@@ -5,18 +5,24 @@ broadcasts). Where the hooks sit in a local step::
 
     loss.backward()
     clip_grad_norm_(max_grad_norm)      # the raw minibatch gradient is clipped first, as in the papers' code
-    correction.before_step(ctx)         # "before preconditioning": edits p.grad (FedProx, SCAFFOLD, FedCM)
+    correction.before_step(ctx, state)  # "before preconditioning": edits p.grad (FedProx, SCAFFOLD, FedCM)
     optimizer.step()
-    correction.after_step(ctx)          # "after preconditioning": rewrites the update (FedPAC/FedMuon mixing)
+    correction.after_step(ctx, state)   # "after preconditioning": rewrites the update (FedPAC/FedMuon mixing)
 
-Because the hooks only touch ``p.grad`` and ``p``, every correction works with every optimizer. At the end of
-the round ``client_end`` returns the correction's message (a value; the trainer namespaces it ``correction.``);
+Because the hooks only touch ``p.grad`` and ``p``, every correction works with every optimizer. What a correction
+keeps for one client over one round (SCAFFOLD's c_i and its constant shift c - c_i) is a value too:
+``state = client_begin(ctx)`` returns it (``None`` for a correction that keeps nothing: each declares its own
+type, e.g. :class:`fedhf.corrections.control_variate.VariateRound`), and the caller hands it back to
+``before_step``, ``after_step`` and ``client_end``. The correction object itself holds only its settings, so one
+object serves any number of clients at once (batched clients train side by side). At the end of the round
+``client_end(ctx, state)`` returns the correction's message (a value; the trainer namespaces it ``correction.``);
 ``server_update`` reads the sums of those messages in ``ctx.sums``.
 """
 
 from __future__ import annotations
 
 from abc import ABC
+from typing import Any
 
 from ..core.context import ClientContext, ServerContext
 from ..core.message import Message
@@ -42,16 +48,17 @@ class Correction(ABC):
         """Bytes this correction keeps per client in the client store (the memory plan, fedhf/trainer/memory_plan.py)."""
         return 0
 
-    def client_begin(self, ctx: ClientContext) -> None:
+    def client_begin(self, ctx: ClientContext) -> Any:
+        """The client's state for this round (``None``: nothing to keep), handed back to the other client hooks."""
+        return None
+
+    def before_step(self, ctx: ClientContext, state: Any) -> None:
         pass
 
-    def before_step(self, ctx: ClientContext) -> None:
+    def after_step(self, ctx: ClientContext, state: Any) -> None:
         pass
 
-    def after_step(self, ctx: ClientContext) -> None:
-        pass
-
-    def client_end(self, ctx: ClientContext) -> Message:
+    def client_end(self, ctx: ClientContext, state: Any) -> Message:
         """What the server half needs from this client (the model change itself is sent by the trainer)."""
         return Message()
 

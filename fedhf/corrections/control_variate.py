@@ -16,12 +16,22 @@ no gradient effect, and keeps c_i per worker instead of per client), this is the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..core.context import ClientContext, ServerContext
 from ..core.message import Message
 from ..core.params import TensorDict, num_bytes
 from .base import Correction
+
+
+@dataclass(frozen=True)
+class VariateRound:
+    """One client's SCAFFOLD state over one round."""
+
+    c_i: TensorDict  # the client's control variate at the start of the round
+    shift: TensorDict  # c - c_i on the entries it trains (zero elsewhere), added to every step's gradient
 
 
 class ControlVariate(Correction):
@@ -38,22 +48,21 @@ class ControlVariate(Correction):
         stored = ctx.store.get(ctx.client_id, "scaffold_c")
         return stored if stored is not None else {n: torch.zeros_like(t) for n, t in ctx.global_params.items()}
 
-    def client_begin(self, ctx: ClientContext) -> None:
+    def client_begin(self, ctx: ClientContext) -> VariateRound:
         c_i = self._client_variate(ctx)
-        ctx.scratch["c_i"] = c_i
         # c - c_i is constant over the round: compute it once, not every step (zero where the client does not train).
-        ctx.scratch["shift"] = {n: ctx.trained.on_trained(n, ctx.correction_state[f"c.{n}"] - c_i[n])
-                                for n in ctx.params}
+        return VariateRound(c_i, {n: ctx.trained.on_trained(n, ctx.correction_state[f"c.{n}"] - c_i[n])
+                                  for n in ctx.params})
 
     @torch.no_grad()
-    def before_step(self, ctx: ClientContext) -> None:
+    def before_step(self, ctx: ClientContext, state: VariateRound) -> None:
         for name, p in ctx.params.items():
             if p.grad is not None:
-                p.grad.add_(ctx.scratch["shift"][name].to(p.grad.dtype))
+                p.grad.add_(state.shift[name].to(p.grad.dtype))
 
     @torch.no_grad()
-    def client_end(self, ctx: ClientContext) -> Message:
-        c_i = ctx.scratch["c_i"]
+    def client_end(self, ctx: ClientContext, state: VariateRound) -> Message:
+        c_i = state.c_i
         scale = 1.0 / (ctx.local_steps * ctx.local_lr)
         estimate = {n: c_i[n] - ctx.correction_state[f"c.{n}"] + (ctx.global_params[n] - p.detach().float()) * scale
                     for n, p in ctx.params.items()}

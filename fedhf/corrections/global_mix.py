@@ -54,7 +54,7 @@ class GlobalMix(Correction):
         return {f"g.{n}": torch.zeros_like(t) for n, t in global_params.items()}
 
     @torch.no_grad()
-    def before_step(self, ctx: ClientContext) -> None:
+    def before_step(self, ctx: ClientContext, state: None) -> None:
         if self.position != "before" or self.beta == 0:
             return
         for name, p in ctx.params.items():
@@ -63,7 +63,7 @@ class GlobalMix(Correction):
                 p.grad.mul_(1 - self.beta).add_(g_global.to(p.grad.dtype), alpha=self.beta)
 
     @torch.no_grad()
-    def after_step(self, ctx: ClientContext) -> None:
+    def after_step(self, ctx: ClientContext, state: None) -> None:
         if self.position != "after" or self.beta == 0:
             return
         for name, p in ctx.params.items():
@@ -71,7 +71,7 @@ class GlobalMix(Correction):
                 p.add_(ctx.correction_state[f"g.{name}"].to(p.dtype), alpha=-self.beta * ctx.round_lr)
 
     @torch.no_grad()
-    def client_end(self, ctx: ClientContext) -> Message:
+    def client_end(self, ctx: ClientContext, state: None) -> Message:
         """Under ``lora_client_ranks`` only: w_i m_i Delta_i and w_i m_i of the tensors trained in part. Not counted
         in the uplink: a server forms both from the dx it receives and the client's rank."""
         masks = ctx.trained.masks

@@ -21,7 +21,7 @@ class Proximal(Correction):
         self.mu = float(mu)
 
     @torch.no_grad()
-    def before_step(self, ctx: ClientContext) -> None:
+    def before_step(self, ctx: ClientContext, state: None) -> None:
         if self.mu == 0:
             return
         for name, p in ctx.params.items():

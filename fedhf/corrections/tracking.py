@@ -37,7 +37,8 @@ a subset and (for GT) from the raw gradients.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 
@@ -53,6 +54,16 @@ STORE_KEY = "tracking_y"
 def tracked_clients(participants: Sequence[int], fraction: float) -> Sequence[int]:
     """Y_r: the first ceil(fraction |S_r|) clients of the round's sample (in sampling order)."""
     return list(participants)[: math.ceil(fraction * len(participants))]
+
+
+@dataclass(frozen=True)
+class TrackingRound:
+    """One client's tracking state over one round (the fields are fixed; ``grad_sum``'s tensors accumulate)."""
+
+    y_i: TensorDict  # the client's tracking term at the start of the round
+    shift: TensorDict  # y - y_i on the entries it trains (zero elsewhere)
+    tracked: bool  # in Y_r: refreshes y_i and uploads Delta_y_i
+    grad_sum: Optional[TensorDict]  # FAdamGT, tracked clients: the sum of the raw gradients (else None)
 
 
 class ParameterTracking(Correction):
@@ -73,51 +84,51 @@ class ParameterTracking(Correction):
     def server_init(self, global_params: TensorDict) -> TensorDict:
         return {f"y.{n}": torch.zeros_like(t) for n, t in global_params.items()}
 
-    def client_begin(self, ctx: ClientContext) -> None:
+    def client_begin(self, ctx: ClientContext) -> TrackingRound:
         if not ctx.participants:
             raise ValueError("ParameterTracking needs ctx.participants, the round's sampled clients.")
         stored = ctx.store.get(ctx.client_id, STORE_KEY)
         y_i = stored if stored is not None else {n: torch.zeros_like(t) for n, t in ctx.global_params.items()}
-        ctx.scratch["y_i"] = y_i
-        # y - y_i is constant over the round: compute it once, not every step (zero where the client does not train).
-        ctx.scratch["shift"] = {n: ctx.trained.on_trained(n, ctx.correction_state[f"y.{n}"] - y_i[n])
-                                for n in ctx.params}
-        ctx.scratch["tracked"] = ctx.client_id in tracked_clients(ctx.participants, self.tracked_fraction)
-        if ctx.scratch["tracked"] and self.position == "before":
-            ctx.scratch["grad_sum"] = {n: torch.zeros_like(y_i[n]) for n in ctx.params}
+        tracked = ctx.client_id in tracked_clients(ctx.participants, self.tracked_fraction)
+        return TrackingRound(
+            y_i=y_i,
+            # y - y_i is constant over the round: compute it once, not every step (zero where the client does not train).
+            shift={n: ctx.trained.on_trained(n, ctx.correction_state[f"y.{n}"] - y_i[n]) for n in ctx.params},
+            tracked=tracked,
+            grad_sum=({n: torch.zeros_like(y_i[n]) for n in ctx.params}
+                      if tracked and self.position == "before" else None))
 
     @torch.no_grad()
-    def before_step(self, ctx: ClientContext) -> None:
+    def before_step(self, ctx: ClientContext, state: TrackingRound) -> None:
         if self.position != "before":
             return
-        grad_sum = ctx.scratch.get("grad_sum")
         for name, p in ctx.params.items():
             if p.grad is None:
                 continue
-            if grad_sum is not None:  # the raw gradient, before the correction: FAdamGT's y_i+ averages it
-                grad_sum[name].add_(p.grad.to(grad_sum[name].dtype))
-            p.grad.add_(ctx.scratch["shift"][name].to(p.grad.dtype))
+            if state.grad_sum is not None:  # the raw gradient, before the correction: FAdamGT's y_i+ averages it
+                state.grad_sum[name].add_(p.grad.to(state.grad_sum[name].dtype))
+            p.grad.add_(state.shift[name].to(p.grad.dtype))
 
     @torch.no_grad()
-    def after_step(self, ctx: ClientContext) -> None:
+    def after_step(self, ctx: ClientContext, state: TrackingRound) -> None:
         if self.position != "after":
             return
         for name, p in ctx.params.items():
             if p.requires_grad:  # a tensor frozen this round (RoLoRA's other factor) is not stepped
-                p.add_(ctx.scratch["shift"][name].to(p.dtype), alpha=-ctx.local_lr)
+                p.add_(state.shift[name].to(p.dtype), alpha=-ctx.local_lr)
 
     @torch.no_grad()
-    def client_end(self, ctx: ClientContext) -> Message:
-        if not ctx.scratch["tracked"]:
+    def client_end(self, ctx: ClientContext, state: TrackingRound) -> Message:
+        if not state.tracked:
             return Message()  # outside Y_r: sends nothing and keeps y_i
-        y_i, K = ctx.scratch["y_i"], ctx.local_steps
+        y_i, K = state.y_i, ctx.local_steps
         if self.position == "after":
             scale = 1.0 / (ctx.local_lr * K)
             x_r = ctx.global_params
             new_y_i = {n: y_i[n] - ctx.correction_state[f"y.{n}"] + (x_r[n] - p.detach().to(x_r[n].dtype)) * scale
                        for n, p in ctx.params.items()}
         else:
-            new_y_i = {n: s / K for n, s in ctx.scratch["grad_sum"].items()}
+            new_y_i = {n: s / K for n, s in state.grad_sum.items()}
         new_y_i = {n: ctx.trained.keep_untrained(n, t, y_i[n]) for n, t in new_y_i.items()}
         ctx.store.put(ctx.client_id, STORE_KEY, new_y_i)
         message = Message().put("dy", {n: new_y_i[n] - y_i[n] for n in new_y_i})  # unweighted: the server divides by N

@@ -8,12 +8,18 @@ so FedAdam is ``mean+adam`` and a robust FedAvgM is ``median+momentum``. Every p
 round's :class:`fedhf.core.context.ServerContext` (with ``mean_delta``, the ``gathered`` updates when the aggregator
 gathers, and the sums of the server rule's own client messages). An aggregator may have a client half
 (:meth:`Aggregator.client_end`, FedPM's preconditioner upload), which returns a :class:`fedhf.core.message.Message`.
+
+The chain's state (kept by the server, checkpointed, never broadcast) is keyed by transform name:
+``adam.m.<param>``, ``adam.v.<param>``, ``momentum.v.<param>``. A name that occurs again in one chain is numbered
+from its second occurrence on (``momentum+momentum``: ``momentum.v.*`` and ``momentum#2.v.*``), so the keys are
+unique and follow from the chain alone. Checkpoints written before the state was keyed by name keyed it by position
+(``0.m.<param>``); :meth:`ServerRule.load_state` renames them on resume.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 from ..core.context import ClientContext, ServerContext
 from ..core.message import Message
@@ -88,6 +94,7 @@ class ServerRule:
             raise ValueError("A server rule needs at least one transform (e.g. `lr`, the plain step).")
         self.aggregator, self.transforms = aggregator, tuple(transforms)
         self.name = name or "+".join([aggregator.name] + [t.name for t in self.transforms])
+        self._heads = state_heads([t.name for t in self.transforms])
 
     @property
     def gathers(self) -> bool:
@@ -101,16 +108,24 @@ class ServerRule:
         return self.aggregator.base_residual(new_params, ctx)
 
     def init(self, global_params: TensorDict) -> TensorDict:
-        """Every transform's state, keyed ``<position>.<key>`` (a chain may hold one transform twice)."""
-        return {f"{i}.{k}": v for i, t in enumerate(self.transforms) for k, v in t.init(global_params).items()}
+        """Every transform's state, keyed ``<head>.<key>`` (:func:`state_heads`: the transform's name, numbered
+        from its second occurrence in the chain)."""
+        return {f"{head}.{k}": v for head, t in zip(self._heads, self.transforms)
+                for k, v in t.init(global_params).items()}
+
+    def load_state(self, state: TensorDict) -> TensorDict:
+        """A checkpoint's chain state in today's keys: position keys (``0.m.<param>``, written before the state was
+        keyed by name) are renamed to the transform at that position; a key of no transform of this chain is
+        refused, not dropped (the checkpoint was written by another chain)."""
+        return {rename_state_key(key, self._heads): value for key, value in state.items()}
 
     def client_end(self, ctx: ClientContext, optimizer) -> Message:
         return self.aggregator.client_end(ctx, optimizer)
 
     def apply(self, x: TensorDict, state: TensorDict, ctx: ServerContext) -> Tuple[TensorDict, TensorDict]:
         direction, new_state = self.aggregator.aggregate(ctx), {}
-        for i, transform in enumerate(self.transforms):
-            head = f"{i}."
+        for name, transform in zip(self._heads, self.transforms):
+            head = f"{name}."
             own = {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
             direction, own = transform.step(direction, own, ctx)
             new_state.update({head + k: v for k, v in own.items()})
@@ -118,3 +133,31 @@ class ServerRule:
 
     def __repr__(self) -> str:
         return f"ServerRule({self.aggregator!r} -> {', '.join(map(repr, self.transforms))})"
+
+
+def state_heads(names: Sequence[str]) -> Tuple[str, ...]:
+    """Each transform's state prefix: its name, and ``<name>#<k>`` for its k-th occurrence (k >= 2) in the chain."""
+    seen: Dict[str, int] = {}
+    heads = []
+    for name in names:
+        # the prefix is cut at the first ".", and an all-digit prefix is an old position key
+        if "." in name or "#" in name or name.isdigit():
+            raise ValueError(f"A server transform's name keys its state: {name!r} must not contain '.' or '#' "
+                             "nor be a number.")
+        seen[name] = seen.get(name, 0) + 1
+        heads.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return tuple(heads)
+
+
+def rename_state_key(key: str, heads: Sequence[str]) -> str:
+    """``key`` of a chain's state with ``heads`` (:func:`state_heads`), a position key ``<i>.<rest>`` renamed to
+    ``<heads[i]>.<rest>``; raises ValueError for a key of no transform of the chain."""
+    head, dot, rest = key.partition(".")
+    if dot and head in heads:
+        return key
+    if dot and head.isdigit() and int(head) < len(heads):
+        return f"{heads[int(head)]}.{rest}"
+    raise ValueError(f"Server state key {key!r} belongs to no transform of this server rule (keys start with one "
+                     f"of {list(heads)}, or a position 0..{len(heads) - 1} in checkpoints written before the state "
+                     "was keyed by name): the checkpoint was written with another `server_rule`; resume with that "
+                     "rule, or start a new run in another output_dir.")

@@ -108,8 +108,8 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)
         check_evaluation_set(args, self.eval_dataset, self.callback_handler.callbacks)
-        self.algorithm = args.build_algorithm()
-        self.sharing = args.build_sharing()
+        self.algorithm = args.built_algorithm()  # built once, by the config (rebuilt there if a field changed)
+        self.sharing = args.built_sharing()
         self.sharing_roles = sharing_roles(self.sharing, self.model, self.algorithm)  # refused here, before work
         check_client_ranks(args.lora_client_ranks, trainable_parameters(self.model), self.algorithm,
                            args.batched_clients)
@@ -134,6 +134,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             spill_dir = os.path.join(spill_dir, f"process-{self.world.rank}")
         self.client_store = ClientStateStore(budget, spill_dir, self.model_device)
         self.federated_history: List[dict] = []
+        self._correction_rounds: Dict[int, object] = {}  # each training client's correction state (client_begin's)
 
     @property
     def model_device(self) -> torch.device:
@@ -341,7 +342,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         algo = self.algorithm
         if self.client_ranks is not None:  # lora_client_ranks: this client's first r_i components only
             self.client_ranks.truncate(ctx.client_id)
-        algo.correction.client_begin(ctx)
+        self._correction_rounds[ctx.client_id] = algo.correction.client_begin(ctx)
         torch.manual_seed(stream_seed(self.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
         # Train mode before anything runs the model: curvature hooks run before training_step (which would set
         # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
@@ -355,6 +356,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
                        buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:
         """The client's messages (or its exclusion) into the round's sums."""
         algo = self.algorithm
+        correction_round = self._correction_rounds.pop(ctx.client_id)
         delta = difference(ctx.params, ctx.global_params)
         problem = self._faulty(loss_sum, delta)
         if problem:
@@ -369,7 +371,7 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
             sums.gather(ctx.client_id, delta)
         if buffers:
             own.put("buf", snapshot(buffers), scale=ctx.weight)
-        messages = {"correction": algo.correction.client_end(ctx)}
+        messages = {"correction": algo.correction.client_end(ctx, correction_round)}
         theta = self.plan.shared_theta(optimizer.export_theta())
         messages["sync"] = algo.state_sync.client_end(ctx, theta, optimizer.theta_structure(theta))
         if self.args.drift_spectral and theta and self.world.sends_messages:
@@ -413,9 +415,10 @@ class FederatedTrainer(RunOutputs, BatchedRound, ClientParallel, ClientData, Per
         max_norm = self.args.max_grad_norm
         if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
             torch.nn.utils.clip_grad_norm_(trained, max_norm)
-        self.algorithm.correction.before_step(ctx)
+        correction_round = self._correction_rounds[ctx.client_id]
+        self.algorithm.correction.before_step(ctx, correction_round)
         optimizer.step()
-        self.algorithm.correction.after_step(ctx)
+        self.algorithm.correction.after_step(ctx, correction_round)
         if self.client_ranks is not None:  # nothing revives the components beyond the client's rank
             self.client_ranks.truncate(ctx.client_id)
 

@@ -131,6 +131,7 @@ class RunOutputs:
         groups, meta = load_checkpoint(path, self.model_device)
         check_fingerprint(path, meta, fingerprint(self.args, self.algorithm))
         run = RunState.from_checkpoint(groups, meta)
+        run.server_state = self.algorithm.server_rule.load_state(run.server_state)  # older checkpoints: position keys
         self.client_store.load_tensors(groups.get("client_store", {}), keep=self.world.owns)
         self.federated_history = list(meta["history"])
         best.from_checkpoint(self.state, meta, groups)

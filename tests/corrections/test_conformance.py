@@ -2,7 +2,7 @@
 of the client and the server halves, the server state survives a safetensors round trip, the server half does
 not depend on the order in which clients are summed, a tensor frozen for a round (RoLoRA) leaves every correction
 state of it unchanged, and a component a client does not train (``lora_client_ranks``) contributes nothing.
-Clients run the trainer's hook order (clip, ``before_step``, an SGD step at ``round_lr * lr_scale``,
+Clients run the trainer's hook order (``client_begin``'s state handed back to: clip, ``before_step``, an SGD step at ``round_lr * lr_scale``,
 ``after_step``) on one tensor (two for the trained-part checks). tests/server/test_conformance.py fails when a
 registered correction is missing from ``CASES``."""
 
@@ -37,14 +37,14 @@ def _round(correction, state, grads_by_client, store, order=None, r=0):
         ctx = ClientContext(client_id=cid, round=r, round_lr=ROUND_LR, local_lr=ROUND_LR * correction.lr_scale,
                             local_steps=K, weight=1.0, params={"w": p}, global_params={"w": X0},
                             correction_state=state, store=store, participants=participants, num_clients=N)
-        correction.client_begin(ctx)
+        mine = correction.client_begin(ctx)
         for g in grads_by_client[cid]:
             p.grad = g.clone()
-            correction.before_step(ctx)
+            correction.before_step(ctx, mine)
             with torch.no_grad():
                 p.add_(p.grad, alpha=-ctx.local_lr)
-            correction.after_step(ctx)
-        sums.add_message(correction.client_end(ctx), "correction")
+            correction.after_step(ctx, mine)
+        sums.add_message(correction.client_end(ctx, mine), "correction")
         sums.add_tensors("dx", {"w": p.detach() - X0})
         sums.add("w", 1.0)
         finals[cid] = p.detach().clone()
@@ -120,19 +120,19 @@ def _parts_round(correction, state, grads_by_client, store, parts, frozen=frozen
         ctx = ClientContext(client_id=cid, round=r, round_lr=ROUND_LR, local_lr=ROUND_LR * correction.lr_scale,
                             local_steps=K, weight=1.0, params=params, global_params=GLOBAL, correction_state=state,
                             store=store, participants=participants, num_clients=N, trained=part)
-        correction.client_begin(ctx)
+        mine = correction.client_begin(ctx)
         for g in grads_by_client[cid]:
             for n, p in params.items():
                 p.grad = None if n in part.frozen else g[n].clone()
-            correction.before_step(ctx)
+            correction.before_step(ctx, mine)
             with torch.no_grad():
                 for p in params.values():
                     if p.grad is not None:
                         p.add_(p.grad, alpha=-ctx.local_lr)
-            correction.after_step(ctx)
+            correction.after_step(ctx, mine)
             _truncate(params, part)
         assert all(torch.equal(params[n], GLOBAL[n]) for n in part.frozen)  # nothing moves a frozen tensor
-        sums.add_message(correction.client_end(ctx), "correction")
+        sums.add_message(correction.client_end(ctx, mine), "correction")
         sums.add_tensors("dx", {n: p.detach() - GLOBAL[n] for n, p in params.items()})
         sums.add("w", 1.0)
     mean_delta = {n: t / sums.scalar("w") for n, t in sums.tensors("dx", GLOBAL).items()}

@@ -21,7 +21,7 @@ def _ctx(param, grad, global_value, correction_state, store=None, lr=0.1, steps=
 
 def test_proximal_adds_mu_times_distance_to_the_global_model():
     ctx = _ctx([1.0, 2.0], [0.5, -0.5], [0.0, 3.0], {})
-    Proximal(mu=0.1).before_step(ctx)
+    Proximal(mu=0.1).before_step(ctx, None)
     assert ctx.params["w"].grad.tolist() == pytest.approx([0.5 + 0.1 * 1.0, -0.5 + 0.1 * -1.0])
 
 
@@ -30,10 +30,10 @@ def test_control_variate_client_half():
     store.put(3, "scaffold_c", {"w": torch.tensor([0.2, 0.0])})
     ctx = _ctx([1.0, 1.0], [1.0, 1.0], [1.5, 0.5], {"c.w": torch.tensor([0.1, 0.3])}, store=store, lr=0.1, steps=2)
     cv = ControlVariate()
-    cv.client_begin(ctx)
-    cv.before_step(ctx)  # g - c_i + c
+    mine = cv.client_begin(ctx)
+    cv.before_step(ctx, mine)  # g - c_i + c
     assert ctx.params["w"].grad.tolist() == pytest.approx([1.0 - 0.2 + 0.1, 1.0 - 0.0 + 0.3])
-    sent = cv.client_end(ctx)  # c_i+ = c_i - c + (x^r - x_K) / (K lr)
+    sent = cv.client_end(ctx, mine)  # c_i+ = c_i - c + (x^r - x_K) / (K lr)
     new_c_i = [0.2 - 0.1 + (1.5 - 1.0) / 0.2, 0.0 - 0.3 + (0.5 - 1.0) / 0.2]
     assert store.get(3, "scaffold_c")["w"].tolist() == pytest.approx(new_c_i)
     sums = RoundSums()
@@ -58,19 +58,19 @@ def test_global_mix_with_beta_zero_is_the_plain_step(position):
     ctx = _ctx([1.0, -1.0], [0.3, 0.4], [1.0, -1.0], {"g.w": torch.tensor([5.0, 5.0])})
     mix = GlobalMix(beta=0.0, position=position)
     assert mix.lr_scale == 1.0
-    mix.before_step(ctx)
-    mix.after_step(ctx)
+    mix.before_step(ctx, None)
+    mix.after_step(ctx, None)
     assert ctx.params["w"].grad.tolist() == pytest.approx([0.3, 0.4])
     assert ctx.params["w"].tolist() == pytest.approx([1.0, -1.0])
 
 
 def test_global_mix_before_mixes_gradients_and_after_mixes_updates():
     ctx = _ctx([1.0, -1.0], [0.3, 0.4], [1.0, -1.0], {"g.w": torch.tensor([2.0, -2.0])}, lr=0.1)
-    GlobalMix(beta=0.9, position="before").before_step(ctx)
+    GlobalMix(beta=0.9, position="before").before_step(ctx, None)
     assert ctx.params["w"].grad.tolist() == pytest.approx([0.1 * 0.3 + 0.9 * 2.0, 0.1 * 0.4 - 0.9 * 2.0])
     after = GlobalMix(beta=0.5, position="after")
     assert after.lr_scale == 0.5  # the optimizer runs at (1 - beta) eta
-    after.after_step(ctx)  # x <- x - beta eta g_G
+    after.after_step(ctx, None)  # x <- x - beta eta g_G
     assert ctx.params["w"].tolist() == pytest.approx([1.0 - 0.5 * 0.1 * 2.0, -1.0 + 0.5 * 0.1 * 2.0])
 
 

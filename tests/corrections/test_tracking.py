@@ -35,27 +35,28 @@ def _ctx(client_id=3, y=Y, y_i=Y_I, participants=PARTICIPANTS):
 
 def _round(tracking, ctx, optimizer=None):
     """The trainer's local loop (docs/algorithms.md 2.13): hooks around an optimizer step, SGD at local_lr unless given.
-    Returns the gradients the optimizer saw and the optimizer's own directions (before the ET shift)."""
+    Returns the gradients the optimizer saw, the optimizer's own directions (before the ET shift) and the client's
+    message."""
     p = ctx.params["w"]
     optimizer = optimizer or torch.optim.SGD([p], lr=ctx.local_lr)
     seen, directions = [], []
-    tracking.client_begin(ctx)
+    mine = tracking.client_begin(ctx)
     for g in GRADS:
         p.grad = T(g)
-        tracking.before_step(ctx)
+        tracking.before_step(ctx, mine)
         seen.append(p.grad.tolist())
         before = p.detach().clone()
         optimizer.step()
         directions.append((before - p.detach()) / ctx.local_lr)
-        tracking.after_step(ctx)
+        tracking.after_step(ctx, mine)
         optimizer.zero_grad(set_to_none=True)
-    ctx.scratch["sent"] = tracking.client_end(ctx)  # the client's message (a value)
-    return seen, directions
+    sent = tracking.client_end(ctx, mine)  # the client's message (a value)
+    return seen, directions, sent
 
 
-def _sent(ctx):
+def _sent(ctx, sent):
     sums = RoundSums()
-    sums.add_message(ctx.scratch["sent"])
+    sums.add_message(sent)
     return sums.tensors("dy", ctx.global_params)["w"].tolist(), sums.scalar("n_track")
 
 
@@ -68,7 +69,7 @@ def test_tracked_clients_are_a_prefix_of_the_sampling_order():
 
 def test_estimate_tracking_shifts_the_update_and_refreshes_from_the_model_change():
     ctx = _ctx()
-    seen, _ = _round(ParameterTracking("after"), ctx)
+    seen, _, sent = _round(ParameterTracking("after"), ctx)
     assert seen == T(GRADS).tolist()  # the gradient is untouched
     x_k = [X0[j] - LR * sum(g[j] for g in GRADS) - K * LR * (Y[j] - Y_I[j]) for j in range(2)]
     assert ctx.params["w"].tolist() == pytest.approx(x_k, rel=1e-12, abs=1e-12)
@@ -76,39 +77,39 @@ def test_estimate_tracking_shifts_the_update_and_refreshes_from_the_model_change
     mean_gradient = [(GRADS[0][j] + GRADS[1][j]) / K for j in range(2)]
     assert new_y_i == pytest.approx(mean_gradient, rel=1e-12, abs=1e-12)  # with SGD, A_k = g_k
     assert ctx.store.get(3, "tracking_y")["w"].tolist() == pytest.approx(new_y_i, rel=1e-12, abs=1e-12)
-    dy, n_track = _sent(ctx)
+    dy, n_track = _sent(ctx, sent)
     assert dy == pytest.approx([new_y_i[j] - Y_I[j] for j in range(2)], rel=1e-12, abs=1e-12) and n_track == 1.0
-    assert ctx.scratch["sent"].nbytes == 2 * 8  # two float64 values
+    assert sent.nbytes == 2 * 8  # two float64 values
 
 
 def test_estimate_tracking_refresh_is_the_mean_adam_direction():
     """Known identity: with FAdamET, y_i+ = (1/K) sum_k A_k, the optimizer's own directions."""
     ctx = _ctx()
     optimizer = AMSGradNoBias([("w", ctx.params["w"])], lr=LR)
-    _, directions = _round(ParameterTracking("after"), ctx, optimizer)
+    _, directions, _ = _round(ParameterTracking("after"), ctx, optimizer)
     mean_direction = (directions[0] + directions[1]) / 2
     assert torch.allclose(ctx.store.get(3, "tracking_y")["w"], mean_direction, rtol=1e-12, atol=1e-12)
 
 
 def test_gradient_tracking_corrects_the_gradient_and_refreshes_from_raw_gradients():
     ctx = _ctx()
-    seen, _ = _round(ParameterTracking("before"), ctx)
+    seen, _, sent = _round(ParameterTracking("before"), ctx)
     corrected = [[g[j] + Y[j] - Y_I[j] for j in range(2)] for g in GRADS]
     assert seen == [pytest.approx(c, rel=1e-12, abs=1e-12) for c in corrected]
     x_k = [X0[j] - LR * sum(g[j] + Y[j] - Y_I[j] for g in GRADS) for j in range(2)]
     assert ctx.params["w"].tolist() == pytest.approx(x_k, rel=1e-12, abs=1e-12)
     new_y_i = [(GRADS[0][j] + GRADS[1][j]) / K for j in range(2)]  # raw, uncorrected gradients
     assert ctx.store.get(3, "tracking_y")["w"].tolist() == pytest.approx(new_y_i, rel=1e-12, abs=1e-12)
-    dy, n_track = _sent(ctx)
+    dy, n_track = _sent(ctx, sent)
     assert dy == pytest.approx([new_y_i[j] - Y_I[j] for j in range(2)], rel=1e-12, abs=1e-12) and n_track == 1.0
 
 
 @pytest.mark.parametrize("position", ["after", "before"])
 def test_clients_outside_the_tracked_subset_send_nothing_and_keep_y_i(position):
     ctx = _ctx(client_id=5)  # in S_r but not among the first half
-    _round(ParameterTracking(position), ctx)
-    assert ctx.scratch["sent"].tensors == {}  # no dy, no n_track
-    assert ctx.scratch["sent"].nbytes == 0
+    _, _, sent = _round(ParameterTracking(position), ctx)
+    assert sent.tensors == {}  # no dy, no n_track
+    assert sent.nbytes == 0
     assert ctx.store.get(5, "tracking_y")["w"].tolist() == Y_I
     # ... but it still trains with the correction
     shifted = [X0[j] - LR * sum(g[j] for g in GRADS) - K * LR * (Y[j] - Y_I[j]) for j in range(2)]
@@ -118,7 +119,7 @@ def test_clients_outside_the_tracked_subset_send_nothing_and_keep_y_i(position):
 @pytest.mark.parametrize("position", ["after", "before"])
 def test_with_y_equal_to_y_i_the_correction_is_a_no_op(position):
     ctx = _ctx(y=Y, y_i=Y)
-    seen, _ = _round(ParameterTracking(position), ctx)
+    seen, _, _ = _round(ParameterTracking(position), ctx)
     assert seen == T(GRADS).tolist()
     plain = torch.nn.Parameter(T(X0))
     sgd = torch.optim.SGD([plain], lr=LR)
@@ -130,8 +131,8 @@ def test_with_y_equal_to_y_i_the_correction_is_a_no_op(position):
 
 def test_first_round_starts_from_zero_tracking_terms():
     ctx = _ctx(y=[0.0, 0.0], y_i=None)  # nothing stored yet: y_i = 0
-    _round(ParameterTracking("before"), ctx)
-    dy, _ = _sent(ctx)
+    _, _, sent = _round(ParameterTracking("before"), ctx)
+    dy, _ = _sent(ctx, sent)
     assert dy == pytest.approx([(GRADS[0][j] + GRADS[1][j]) / K for j in range(2)], rel=1e-12, abs=1e-12)
 
 

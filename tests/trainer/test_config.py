@@ -76,3 +76,84 @@ def test_command_line_and_yaml_parse(tmp_path):
                       "num_clients: 8\nreport_to: none\n")
     (cfg,) = parser.parse_yaml_file(str(recipe))
     assert cfg.num_clients == 8 and cfg.clients_per_round == 8 and cfg.build_algorithm().correction.mu == 0.01
+
+
+# --- the field list, the help's choice lists and the docstring ---
+
+def _registered():
+    from fedhf.algorithms import ALGORITHMS
+    from fedhf.corrections import CORRECTIONS
+    from fedhf.data import PARTITION_KEYS, PARTITIONERS
+    from fedhf.optim import LOCAL_OPTIMIZERS
+    from fedhf.server import AGGREGATORS, SERVER_RULES, SERVER_TRANSFORMS
+    from fedhf.sharing.plan import PRESETS
+    from fedhf.sync import STATE_SYNCS
+
+    return {"algorithm": ALGORITHMS.names(), "local_optimizer": LOCAL_OPTIMIZERS.names(),
+            "correction": CORRECTIONS.names(), "state_sync": STATE_SYNCS.names(),
+            "server_rule": SERVER_RULES.names() + AGGREGATORS.names() + SERVER_TRANSFORMS.names(),
+            "parameter_sharing": list(PRESETS), "partition": list(PARTITIONERS), "partition_key": list(PARTITION_KEYS)}
+
+
+@pytest.mark.parametrize("field_name, names", sorted(_registered().items()))
+def test_every_registered_name_appears_in_its_fields_help(field_name, names):
+    import re
+
+    help_text = FederatedConfig.__dataclass_fields__[field_name].metadata["help"]
+    missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", help_text)]
+    assert names and not missing, f"{field_name}'s help lacks {missing}: {help_text}"
+
+
+def test_the_class_docstring_documents_every_field_fedhf_declares():
+    own = FederatedConfig.__dict__["__annotations__"]
+    undocumented = [name for name in own if name not in FederatedConfig.__doc__]
+    assert len(own) > 30 and not undocumented
+
+
+# --- the algorithm and the parameter sharing: built once, reused, never stale ---
+
+def test_the_trainer_reuses_the_algorithm_the_config_built(tmp_path, digits, monkeypatch):
+    from fedhf.trainer import config as config_module
+    from tests.helpers import config, digit_trainer, tiny_resnet
+
+    builds = []
+    compose = config_module.compose
+    monkeypatch.setattr(config_module, "compose", lambda *a, **kw: builds.append(a) or compose(*a, **kw))
+    args = config(tmp_path, algorithm="scaffold")
+    trainer = digit_trainer(tiny_resnet(), digits, args, evaluate=False)
+    assert len(builds) == 1  # one build: the config's, which checked the settings
+    assert trainer.algorithm is args.built_algorithm() and trainer.sharing is args.built_sharing()
+
+
+def test_a_field_changed_after_the_config_was_made_rebuilds_what_depends_on_it(tmp_path):
+    cfg = _config(tmp_path, algorithm="fedprox", algorithm_kwargs={"mu": 0.01})
+    first = cfg.built_algorithm()
+    cfg.num_rounds, cfg.output_dir = 3, str(tmp_path / "elsewhere")  # nothing the algorithm is built from
+    assert cfg.built_algorithm() is first
+    cfg.algorithm_kwargs["mu"] = 0.5  # changed in place
+    assert cfg.built_algorithm().correction.mu == 0.5
+    cfg.algorithm, cfg.algorithm_kwargs = "scaffold", {}
+    assert cfg.built_algorithm().correction.name == "control_variate"
+    sharing = cfg.built_sharing()
+    cfg.parameter_sharing = "personal_head"
+    assert sharing.preset == "all" and cfg.built_sharing().preset == "personal_head"
+
+
+@pytest.mark.parametrize("sft", [False, True])
+def test_the_built_algorithm_stays_out_of_the_settings(tmp_path, sft):
+    import dataclasses
+    import json
+    import pickle
+
+    if sft:
+        from fedhf import FederatedSFTConfig as cls
+    else:
+        cls = FederatedConfig
+    cfg = cls(output_dir=str(tmp_path / "out"), report_to="none", algorithm="fedadam")
+    assert cfg.built_algorithm().name == "fedadam"
+    assert "_built" not in cfg.to_dict() and "_built" not in json.loads(cfg.to_json_string())
+    other = dataclasses.replace(cfg, algorithm="fedavgm")
+    assert other.built_algorithm().name == "fedavgm" and cfg.built_algorithm().name == "fedadam"
+    copied = pickle.loads(pickle.dumps(cfg))  # as Trainer's training_args.bin
+    assert "_built" not in vars(copied) and copied.to_dict() == cfg.to_dict()
+    assert copied.built_algorithm().describe() == cfg.built_algorithm().describe()
