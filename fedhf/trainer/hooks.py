@@ -1,7 +1,8 @@
 """Round hooks: what a run does around its rounds, beside the round itself.
 
 The loop (:meth:`fedhf.trainer.FederatedTrainer.train` and ``_run_round``) is a fixed sequence of steps; every
-optional round feature is a :class:`RoundHook` in the list :func:`round_hooks` builds, and the loop calls each
+optional round feature is a :class:`RoundHook` in the list ``round_hooks`` builds
+(fedhf/trainer/round_features.py), and the loop calls each
 event on every hook, in list order, with the trainer and the run's state (:class:`fedhf.state.run.RunState`)
 passed in. Every method is a no-op here, so a hook overrides only the events it needs. Events, in the order a run
 meets them:
@@ -21,7 +22,7 @@ meets them:
 * ``on_checkpoint(trainer, run, directory)``: a round checkpoint was written (on the main process).
 * ``on_train_end(trainer, run)``: once, after the last round.
 
-A new round feature is a file with its hook plus one line in :func:`round_hooks`.
+A new round feature is a file with its hook plus its line in ``round_hooks`` (fedhf/trainer/round_features.py).
 """
 
 from __future__ import annotations
@@ -121,27 +122,3 @@ class HookList(RoundHook):
     def on_train_end(self, trainer, run) -> None:
         for hook in self.hooks:
             hook.on_train_end(trainer, run)
-
-
-def round_hooks(trainer) -> List[RoundHook]:
-    """The run's round features, in the order their events run. A hook whose setting is off does nothing."""
-    from .best_round import BestRound
-    from .guards import ExclusionStop
-    from .neftune import NEFTune
-    from .outputs import Checkpoints, EvalOnStart, History, HubPush, HistoryPlot
-    from .personal_eval import PersonalEvaluation
-    from .round_metrics import DriftMetrics
-
-    args = trainer.args
-    return [
-        NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
-        EvalOnStart(),  # eval_on_start: round 0's evaluation
-        DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i
-        ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded
-        trainer.best_round,  # the best evaluated round (load_best_model_at_end); checkpointed with the run
-        PersonalEvaluation(),  # personalized_eval: each client's own model on its held-out rows
-        History(),  # the history file, one entry per round
-        Checkpoints(),  # round checkpoints (save_every_rounds, control.should_save), rotated
-        HubPush(),  # push_to_hub: a round checkpoint's model, per hub_strategy
-        HistoryPlot(),  # the history plotted at the end
-    ]
