@@ -38,7 +38,7 @@ from ..core.params import load_into, snapshot, trainable_parameters
 from ..core.schedule import round_learning_rate, sample_clients
 from ..core.client_store import ClientStateStore
 from ..core.sums import RoundSums
-from ..data import given_split, save_partition_report, split_dataset
+from ..data import given_split, split_dataset
 from ..data.checks import check_datasets, check_evaluation_set, check_not_streaming
 from ..optim import ModelAccess, OptimizerHooks
 from ..runtime.activation_checkpointing import enable_activation_checkpointing
@@ -158,7 +158,7 @@ class FederatedTrainer(Trainer):
         self._prepare_run(ignore_keys_for_eval)
         # 3. the run's state, fresh or restored (with its history, best round and loss scale)
         run = self._fresh_run() if checkpoint is None else restore_run(self, checkpoint)
-        # 4. the memory plan (printed; refused over memory_budget_gb) and the partition report
+        # 4. the memory plan (printed; refused over memory_budget_gb before any file is written)
         self._plan_run(run)
         # 5. the global model into the resident model; Trainer's callbacks, then the hooks, begin
         self._load_global(run)
@@ -211,9 +211,6 @@ class FederatedTrainer(Trainer):
         if self.is_world_process_zero():
             print(self.memory_plan)
         check_budget(self.memory_plan, self.args)
-        if self.args.partition_report and self.is_world_process_zero():
-            save_partition_report({**self.partition_summary, "algorithm": self.algorithm.describe()},
-                                  self.args.output_dir)
 
     def _load_global(self, run: RunState) -> None:
         """The global model into the resident model: the shared tensors, buffers and folded base weights, and as

@@ -13,6 +13,7 @@ from transformers.utils import logging
 
 from .hooks import RoundHook
 from .hub import push_round_checkpoint
+from ..data import save_partition_report
 from ..metrics import plot_history, write_json_atomic
 from ..state import load_checkpoint, save_checkpoint
 from ..state.rotation import rotate_checkpoints
@@ -32,6 +33,15 @@ class EvalOnStart(RoundHook):
         if trainer.args.eval_on_start and trainer.eval_dataset is not None and run.rounds_done == 0:
             entry = {"round": 0, "communicated_MB": 0.0, **trainer.evaluate(ignore_keys=trainer.ignore_keys_for_eval)}
             trainer.hooks.after_round(trainer, run, entry)
+
+
+class PartitionReport(RoundHook):
+    """``partition_report``: the clients' split and the algorithm, written once before the first round."""
+
+    def on_train_begin(self, trainer, run) -> None:
+        if trainer.args.partition_report and trainer.is_world_process_zero():
+            save_partition_report({**trainer.partition_summary, "algorithm": trainer.algorithm.describe()},
+                                  trainer.args.output_dir)
 
 
 class History(RoundHook):

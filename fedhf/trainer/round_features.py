@@ -10,7 +10,7 @@ from typing import List
 from .guards import ExclusionStop
 from .hooks import RoundHook
 from .neftune import NEFTune
-from .outputs import Checkpoints, EvalOnStart, History, HistoryPlot, HubPush
+from .outputs import Checkpoints, EvalOnStart, History, HistoryPlot, HubPush, PartitionReport
 from .personal_eval import PersonalEvaluation
 from .round_metrics import DriftMetrics
 
@@ -19,6 +19,7 @@ def round_hooks(trainer) -> List[RoundHook]:
     """The run's round features, in the order their events run. A hook whose setting is off does nothing."""
     args = trainer.args
     return [
+        PartitionReport(),  # partition_report: the clients' split, written once
         NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
         EvalOnStart(),  # eval_on_start: round 0's evaluation
         DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i
