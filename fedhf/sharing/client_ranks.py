@@ -28,7 +28,7 @@ uplink still counts the rank-r tensors (an upper bound: a rank-r_i client would 
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import torch
 

@@ -6,7 +6,7 @@ checkpoint. They use the trainer's ``args``, ``algorithm``, ``world``, ``client_
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 from transformers.utils import logging
