@@ -71,11 +71,9 @@ class BaseFold:
     """The frozen base weights a server rule folds a residual into (FedEx-LoRA), for the trainer: their values
     at the start (kept in the run's state and checkpoint), the fold W += s R, and loading them into the model."""
 
-    def __init__(self, model: torch.nn.Module, active: bool, load_best_at_end: bool = False) -> None:
-        if active and load_best_at_end:  # the best round's adapter without that round's base weights is no model
-            raise ValueError("`load_best_model_at_end=True` keeps the best round's trainable tensors only, but "
-                             "`server_rule` folds into the frozen base weights every round; set "
-                             "load_best_model_at_end=False (or use round checkpoints) with it.")
+    def __init__(self, model: torch.nn.Module, active: bool) -> None:
+        # with load_best_model_at_end refused by the trainer (fedhf/trainer/combinations.py): the best round's
+        # adapter without that round's base weights is no model
         self.layers = lora_layers(model) if active else {}
         live = dict(model.named_parameters())
         self.targets = {layer.base: live[layer.base] for layer in self.layers.values()}

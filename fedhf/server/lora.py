@@ -39,7 +39,7 @@ counts it dense in the downlink, which overstates it where its factors are small
 deployment would send factors. The base weights a run has changed are kept in the run's state
 (``RunState.base_params``) and checkpointed, so resume is exact; a peft adapter alone does not carry them, so the
 saved and pushed model of a folding rule is the full model with the adapter merged
-(:meth:`fedhf.trainer.outputs.RunOutputs.published_model`). Folding needs base weights that are plain floating-point
+(:meth:`fedhf.trainer.FederatedTrainer.published_model`). Folding needs base weights that are plain floating-point
 tensors of their own: a quantised base or a tied weight is refused before any work
 (:func:`fedhf.runtime.lora_layers.check_foldable`). The aggregator itself only sees named tensors; which base weight and scale
 belong to which A (:func:`fedhf.runtime.lora_layers.lora_layers`) is the trainer's (:class:`fedhf.runtime.lora_layers.BaseFold`).

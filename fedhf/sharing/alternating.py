@@ -32,18 +32,6 @@ from ..core.theta import split_theta_key
 ROLORA = "rolora"
 
 
-def check_alternating(params: Mapping[str, torch.nn.Parameter], server_rule) -> None:
-    """RoLoRA needs shared LoRA A and B, and a rule that averages them (a product rule already aggregates exactly
-    and rebuilds both factors every round)."""
-    if not any(role_of(n) == LORA_A for n in params) or not any(role_of(n) == LORA_B for n in params):
-        raise ValueError("`parameter_sharing='rolora'` alternates shared LoRA A and B, but the model has no shared "
-                         "trainable pair: apply a peft LoRA adapter, or choose another `parameter_sharing`.")
-    if server_rule.aggregator.needs_lora_pairs:
-        raise ValueError(f"`parameter_sharing='rolora'` averages one factor per round; `server_rule="
-                         f"{server_rule.name!r}` aggregates the product of both. Use one or the other (e.g. "
-                         "server_rule='mean').")
-
-
 class AlternatingFactors:
     """Which factor is frozen in the current round, over the plan's shared parameters."""
 

@@ -28,42 +28,11 @@ uplink still counts the rank-r tensors (an upper bound: a rank-r_i client would 
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import torch
 
 from ..core.lora import lora_pairs
-
-
-def check_client_ranks(ranks: Optional[Sequence[int]], params: Dict[str, torch.nn.Parameter], algorithm,
-                       batched_clients: int) -> None:
-    """Refused before work: ranks above the adapter's, a rule that averages A and B, a state sync that averages
-    the clients' optimizer state, batched clients."""
-    if ranks is None:
-        return
-    server_rule, state_sync = algorithm.server_rule, algorithm.state_sync
-    pairs = lora_pairs(params)
-    if not pairs:
-        raise ValueError("`lora_client_ranks` truncates LoRA adapters, but the model has no shared LoRA A/B: apply "
-                         "a peft LoRA adapter, or leave lora_client_ranks unset.")
-    rank = min(params[a].shape[0] for a in pairs)
-    if max(ranks) > rank:
-        raise ValueError(f"`lora_client_ranks` asks for rank {max(ranks)}, above the adapter's rank {rank}: a "
-                         f"client trains the first r_i components of the global adapter; use ranks <= {rank} or "
-                         "a larger LoraConfig(r=...).")
-    if not server_rule.aggregator.needs_lora_pairs:
-        raise ValueError(f"`lora_client_ranks` needs a rule that aggregates the clients' products (flexlora, "
-                         f"flora, fedex_lora, fedsvd); `server_rule={server_rule.name!r}` averages A and B, which "
-                         "would average zeros into the components a client lacks.")
-    if state_sync.averages_theta:
-        # A client's optimizer state on the components it lacks is zero (they never get a gradient); averaged in,
-        # it would shrink the others' (Adam's v: larger steps; momentum: smaller) on exactly those components.
-        raise ValueError(f"`lora_client_ranks` with `state_sync={state_sync.name!r}`: the averaged optimizer state "
-                         "would mix a truncated client's zeros into the components it does not train; use "
-                         "state_sync='persist_local' (each client keeps its own) or 'reset'.")
-    if batched_clients > 1:
-        raise ValueError(f"`batched_clients={batched_clients}` trains clients together, but `lora_client_ranks` "
-                         "truncates each client's adapter differently; set batched_clients=1.")
 
 
 class ClientRanks:

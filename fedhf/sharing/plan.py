@@ -44,14 +44,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from ..core.sums import RoundSums
-from .alternating import ROLORA, AlternatingFactors, check_alternating
+from .alternating import ROLORA, AlternatingFactors
+from .client_ranks import ClientRanks
 from ..core.lora import HEAD, LORA_A, LORA_B, NORM, role_of, seeded_lora_a
-from ..runtime.lora_layers import lora_layers
 from ..core.params import TensorDict, federated_buffers, load_into, snapshot, trainable_parameters
 from ..core.client_store import ClientStateStore
 from ..core.theta import split_theta_key
@@ -123,10 +123,12 @@ class ParameterSharing:
 
 class SharingPlan:
     """The split of one model, made at the start of ``train()``: frozen tensors frozen (FFA's A redrawn from the
-    seed), the shared parameters and buffers the trainer federates, and the live personal tensors."""
+    seed), the shared parameters and buffers the trainer federates, and the live personal tensors; with
+    ``client_ranks`` (``lora_client_ranks``) each client trains the first r_i components of the shared adapter
+    (:mod:`fedhf.sharing.client_ranks`). Each hook below does nothing when its part is off."""
 
     def __init__(self, sharing: ParameterSharing, roles: Mapping[str, str], model: torch.nn.Module,
-                 seed: int, freeze_lora_a: bool = False) -> None:
+                 seed: int, freeze_lora_a: bool = False, client_ranks: Optional[Sequence[int]] = None) -> None:
         live = dict(model.named_parameters())
         frozen = sorted(n for n, r in roles.items() if r == FROZEN)
         with torch.no_grad():
@@ -145,6 +147,7 @@ class SharingPlan:
         # RoLoRA alternates the trained factor; a server rule that sets A itself (FedSVD) freezes A on clients.
         self.alternating = (AlternatingFactors(self.params) if sharing.preset == ROLORA else
                             AlternatingFactors(self.params, alternate=False) if freeze_lora_a else None)
+        self.client_ranks = ClientRanks(client_ranks, self.params) if client_ranks else None
 
     def trained(self, shared: Optional[Dict[str, torch.nn.Parameter]] = None) -> Dict[str, torch.nn.Parameter]:
         """What the local optimizer steps: the client's shared parameters (default: the resident ones; a batched
@@ -198,6 +201,25 @@ class SharingPlan:
         if self.alternating is not None:
             self.alternating.end_round()
 
+    # lora_client_ranks (fedhf/sharing/client_ranks.py); without it, every client trains the whole adapter.
+    def begin_client(self, client_id: int) -> None:
+        """Before a client trains (or is evaluated): the components beyond its rank zeroed."""
+        if self.client_ranks is not None:
+            self.client_ranks.truncate(client_id)
+
+    def after_step(self, client_id: int) -> None:
+        """After each local step (after the correction's hooks): nothing revives the components beyond its rank."""
+        if self.client_ranks is not None:
+            self.client_ranks.truncate(client_id)
+
+    def masks(self, client_id: int) -> Dict[str, torch.Tensor]:
+        """The components the client trains, for the tensors some client trains in part (ClientContext.trained)."""
+        return {} if self.client_ranks is None else self.client_ranks.masks(client_id)
+
+    def trainers(self) -> Dict[str, torch.Tensor]:
+        """How many clients train each component of those tensors (ServerContext.trainers)."""
+        return {} if self.client_ranks is None else self.client_ranks.trainers()
+
     def sent_bytes(self, delta: TensorDict) -> Optional[int]:
         """Uplink bytes of the model change (None: all of it, Message's default)."""
         return None if self.alternating is None else self.alternating.sent_bytes(delta)
@@ -216,26 +238,3 @@ class SharingPlan:
     def shared_theta(self, theta: TensorDict) -> TensorDict:
         """Theta without the entries of personal parameters (their optimizer state is never synced)."""
         return {k: v for k, v in theta.items() if split_theta_key(k)[1] not in self.personal}
-
-
-def sharing_roles(sharing: ParameterSharing, model: torch.nn.Module, algorithm) -> Dict[str, str]:
-    """The roles of the model's trainable tensors, with the combinations no algorithm part supports refused."""
-    roles = sharing.roles(model)
-    if PERSONAL in roles.values() and algorithm.server_rule.aggregator.needs_preconditioners:
-        raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` mixes every preconditioned layer on the "
-                         f"server, but `parameter_sharing` keeps some of them personal; use parameter_sharing='all' "
-                         "or another server_rule.")
-    if sharing.preset == ROLORA:
-        check_alternating([n for n, r in roles.items() if r == SHARED], algorithm.server_rule)
-    lora = [n for n in roles if role_of(n) in (LORA_A, LORA_B)]
-    if algorithm.server_rule.aggregator.needs_lora_pairs:
-        # refuses DoRA, conv LoRA and LoRA on embeddings; fan_in_fan_out only for rules that write into W
-        lora_layers(model, allow_fan_in_fan_out=not algorithm.server_rule.folds_into_base)
-        if not lora:
-            raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` aggregates LoRA products, but the model "
-                             "has no trainable LoRA A/B: apply a peft LoRA adapter, or choose another server_rule.")
-        if any(roles[n] != SHARED for n in lora):
-            raise ValueError(f"`server_rule={algorithm.server_rule.name!r}` needs every LoRA A and B shared, but "
-                             f"`parameter_sharing={sharing.preset!r}` keeps some personal or frozen; use "
-                             "parameter_sharing='all' (or a personal head/norm) with it.")
-    return roles

@@ -19,12 +19,19 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from transformers.utils import logging
+
 from ..core.params import TensorDict, load_into, snapshot
+from .hooks import RoundHook
+
+logger = logging.get_logger(__name__)
 
 STATE_FIELDS = ("best_metric", "best_global_step", "best_model_checkpoint")  # TrainerState's, as Trainer keeps them
 
 
-class BestRound:
+class BestRound(RoundHook):
+    """A round hook: updated after every round's evaluation, loaded into the model at the end of the run."""
+
     def __init__(self, args) -> None:
         self.metric = args.metric_for_best_model
         if self.metric is not None and not self.metric.startswith("eval_"):
@@ -34,7 +41,18 @@ class BestRound:
         self.params: Optional[Dict[str, torch.Tensor]] = None
         self.buffers: Optional[Dict[str, torch.Tensor]] = None
 
-    def after_evaluate(self, state, metrics: dict, params, buffers) -> bool:
+    def after_evaluate(self, trainer, run, entry: dict) -> None:
+        plan = trainer.plan  # as evaluated: the personal parts too
+        self.record(trainer.state, entry, plan.params, {**plan.buffers, **plan.personal})
+
+    def on_train_end(self, trainer, run) -> None:
+        plan = trainer.plan
+        trainer.loaded_best_round = self.load_at_end(trainer.state, plan.params, {**plan.buffers, **plan.personal})
+        if trainer.loaded_best_round is not None:  # the saved model and its card are that round's
+            logger.info("loaded the best round's model (round %d, %s=%s)", trainer.state.best_global_step,
+                        self.metric, trainer.state.best_metric)
+
+    def record(self, state, metrics: dict, params, buffers) -> bool:
         """Record ``metrics`` of the round ``state.global_step``; True if it is the new best."""
         if self.metric is None:
             return False

@@ -1,5 +1,5 @@
 """What a client reads in its round: its rows and weight, its batches (its own seeded stream) and the model access
-curvature-aware optimizers get. A mixin of :class:`fedhf.trainer.FederatedTrainer`."""
+curvature-aware optimizers get. Held by :class:`fedhf.trainer.FederatedTrainer` as ``trainer.client_data``."""
 
 from __future__ import annotations
 
@@ -16,53 +16,66 @@ from ..optim import ModelAccess
 from ..core.schedule import stream_seed
 
 
+def check_partitions(parts, num_clients: int, rows: int) -> List[np.ndarray]:
+    parts = [np.asarray(p, dtype=np.int64) for p in parts]
+    if len(parts) != num_clients:
+        raise ValueError(f"`client_partitions` has {len(parts)} clients but `num_clients`={num_clients}.")
+    for i, p in enumerate(parts):
+        if len(p) == 0 or p.min() < 0 or p.max() >= rows:
+            raise ValueError(f"`client_partitions[{i}]` must be a non-empty list of row indices in [0, {rows}).")
+    return parts
+
+
 class ClientData:
-    def _check_partitions(self, parts) -> List[np.ndarray]:
-        parts = [np.asarray(p, dtype=np.int64) for p in parts]
-        if len(parts) != self.args.num_clients:
-            raise ValueError(f"`client_partitions` has {len(parts)} clients but `num_clients`={self.args.num_clients}.")
-        rows = len(self.train_dataset)
-        for i, p in enumerate(parts):
-            if len(p) == 0 or p.min() < 0 or p.max() >= rows:
-                raise ValueError(f"`client_partitions[{i}]` must be a non-empty list of row indices in [0, {rows}).")
-        return parts
+    """The clients' data of one trainer (its ``args``, ``train_dataset``, ``data_collator`` and
+    ``client_partitions``); :meth:`prepare` readies the training data once at the start of ``train()``."""
 
-    def _client_weight(self, cid: int) -> float:
-        return float(len(self.client_partitions[cid])) if self.args.client_weighting == "num_samples" else 1.0
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.train_data, self.collator = None, None
 
-    def _client_data_pipeline(self):
-        data, collator = self.train_dataset, self.data_collator
+    def prepare(self) -> None:
+        """Trainer's column removal, as its own loop applies it."""
+        trainer = self.trainer
+        data, collator = trainer.train_dataset, trainer.data_collator
         if isinstance(data, datasets.Dataset):
-            data = self._remove_unused_columns(data, description="training")
+            data = trainer._remove_unused_columns(data, description="training")
         else:
-            collator = self._get_collator_with_removed_columns(collator, description="training")
-        return data, collator
+            collator = trainer._get_collator_with_removed_columns(collator, description="training")
+        self.train_data, self.collator = data, collator
 
-    def _client_batches(self, cid: int, round_index: int, stream: int = 2, cycle: bool = True) -> Iterator[dict]:
+    def weight(self, cid: int) -> float:
+        trainer = self.trainer
+        return float(len(trainer.client_partitions[cid])) if trainer.args.client_weighting == "num_samples" else 1.0
+
+    def batches(self, cid: int, round_index: int, stream: int = 2, cycle: bool = True) -> Iterator[dict]:
         """The client's data, reshuffled per pass from its own stream and cycled for as many steps as asked."""
-        generator = torch.Generator().manual_seed(stream_seed(self.args.seed, round_index, cid, stream))
-        rows, batch_size = self.client_partitions[cid].tolist(), self.args.per_device_train_batch_size
+        args = self.trainer.args
+        generator = torch.Generator().manual_seed(stream_seed(args.seed, round_index, cid, stream))
+        rows, batch_size = self.trainer.client_partitions[cid].tolist(), args.per_device_train_batch_size
         # dataloader_drop_last (e.g. for BatchNorm models, which cannot train on a 1-row batch) only where the
         # client still has a full batch.
-        loader = DataLoader(Subset(self._train_data, rows), batch_size=batch_size, shuffle=True, generator=generator,
-                            collate_fn=self._collator, num_workers=self.args.dataloader_num_workers,
-                            drop_last=self.args.dataloader_drop_last and len(rows) >= batch_size)
+        loader = DataLoader(Subset(self.train_data, rows), batch_size=batch_size, shuffle=True, generator=generator,
+                            collate_fn=self.collator, num_workers=args.dataloader_num_workers,
+                            drop_last=args.dataloader_drop_last and len(rows) >= batch_size)
         yield from loader
         while cycle:
             yield from loader
 
-    def _model_access(self, ctx: ClientContext) -> ModelAccess:
+    def model_access(self, ctx: ClientContext) -> ModelAccess:
         """What curvature-aware optimizers (Sophia, FOOF) may use: the model, the training loss and logits of a
-        batch (under the trainer's autocast), and one fresh pass over the client's data (its own stream)."""
+        batch (under the trainer's autocast), and one fresh pass over the client's data (its own stream). The
+        loss is the trainer's ``compute_loss`` (an override applies)."""
+        trainer = self.trainer
 
         def loss(batch):
-            with self.compute_loss_context_manager():
-                return self.compute_loss(self.model, self._prepare_inputs(batch))
+            with trainer.compute_loss_context_manager():
+                return trainer.compute_loss(trainer.model, trainer._prepare_inputs(batch))
 
         def logits(batch):
-            inputs = {k: v for k, v in self._prepare_inputs(batch).items() if k not in ("labels", "label")}
-            with self.autocast_smart_context_manager():
-                return logits_of(self.model(**inputs))
+            inputs = {k: v for k, v in trainer._prepare_inputs(batch).items() if k not in ("labels", "label")}
+            with trainer.autocast_smart_context_manager():
+                return logits_of(trainer.model(**inputs))
 
-        return ModelAccess(self.model, loss, logits,
-                           lambda: self._client_batches(ctx.client_id, ctx.round, stream=3, cycle=False))
+        return ModelAccess(trainer.model, loss, logits,
+                           lambda: self.batches(ctx.client_id, ctx.round, stream=3, cycle=False))

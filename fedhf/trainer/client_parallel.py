@@ -1,4 +1,5 @@
-"""Client-parallel training (``client_parallel=True``): all processes train each sampled client together.
+"""Client-parallel training (``client_parallel=True``): all processes train each sampled client together (the
+runner: :class:`fedhf.trainer.runners.ClientParallelClients`).
 
 The default spreads clients over processes (client id modulo the number of processes) and sums their messages
 with one all-reduce per round. For a client too big or too slow for one device, ``client_parallel`` turns that
@@ -10,7 +11,7 @@ the correction and the optimizer, so every process holds the same client model, 
 Equal to one process: each shard's loss is the model's own mean over its shard, weighted by the shard's share of
 the items (label tokens, or rows) of the step's whole union of micro-batches, which every process knows because
 every process reads the client's full batches from the same seeded stream. The summed gradient is then the
-gradient of the union's mean, as :meth:`FederatedTrainer._accumulate` computes it on one process; the result
+gradient of the union's mean, as :meth:`fedhf.trainer.local_steps.LocalSteps.accumulate` computes it on one process; the result
 differs from one process only by float rounding (the base runs on smaller batches, the sum is a reduction).
 Curvature passes of the optimizer (Sophia's probe, FOOF's statistics) run on the full batches on every process,
 identically (same seeds).
@@ -19,7 +20,7 @@ Counted once: every process ends the round with the same client messages, so onl
 round's sums (the others add into a sums object that is dropped); the round's all-reduce then carries each client
 exactly once (were every process to add them, each client would count world-size times).
 
-Refused before any work (:func:`check_client_parallel`): ``batched_clients > 1`` (its stacked copies split the
+Refused before any work (fedhf/trainer/combinations.py): ``batched_clients > 1`` (its stacked copies split the
 rows by client already), models with averaged buffers (BatchNorm statistics of a shard are not those of the
 batch), a ``compute_loss_func`` (the shard weighting needs the model's own mean loss). FSDP and DeepSpeed are
 refused for every fedhf run (fedhf/trainer/settings.py: the resident model is never wrapped).
@@ -32,24 +33,6 @@ from typing import Dict, List
 import torch
 
 from ..runtime.model_outputs import loss_items
-from ..core.params import federated_buffers
-
-
-def check_client_parallel(trainer) -> None:
-    args = trainer.args
-    if not args.client_parallel:
-        return
-    problems = []
-    if args.batched_clients > 1:
-        problems.append(f"`batched_clients={args.batched_clients}` (set it to 1: a batched chunk cannot be split "
-                        "across processes)")
-    if federated_buffers(trainer.model):
-        problems.append("a model with averaged buffers (BatchNorm statistics of a row shard are not the batch's)")
-    if trainer.compute_loss_func is not None or trainer.loss_is_scaled_for_ga:
-        problems.append("a `compute_loss_func` (each shard's loss must be the model's own mean to be weighted)")
-    if problems:
-        raise ValueError("`client_parallel=True` cannot run with " + "; ".join(problems)
-                         + ". Turn client_parallel off or change that setting.")
 
 
 def shard(batch: Dict[str, torch.Tensor], rank: int, size: int) -> Dict[str, torch.Tensor]:
@@ -58,24 +41,21 @@ def shard(batch: Dict[str, torch.Tensor], rank: int, size: int) -> Dict[str, tor
             for k, v in batch.items()}
 
 
-class ClientParallel:
-    """The trainer's half (a mixin of FederatedTrainer)."""
-
-    def _accumulate_shards(self, micro_batches: List[dict]) -> float:
-        """This process's shards of the step's micro-batches, weighted by their share of the union's items, then
-        the gradients and loss summed over processes. Returns the union's loss (the same on every process)."""
-        world = self.world
-        total = sum(loss_items(batch, self._loss_shifts_labels) for batch in micro_batches)
-        loss = 0.0
-        for batch in micro_batches:
-            part = shard(batch, world.rank, world.size)
-            n = loss_items(part, self._loss_shifts_labels)
-            if n == 0:  # an empty shard, or nothing to learn from: its mean would be NaN
-                continue
-            self.current_gradient_accumulation_steps = total / n
-            loss += float(self.training_step(self.model, part))
-        self.current_gradient_accumulation_steps = 1
-        return all_reduce_gradients(self.plan.trained(), loss)
+def accumulate_shards(trainer, micro_batches: List[dict]) -> float:
+    """This process's shards of the step's micro-batches, weighted by their share of the union's items, then
+    the gradients and loss summed over processes. Returns the union's loss (the same on every process)."""
+    world, shifted = trainer.world, trainer._loss_shifts_labels
+    total = sum(loss_items(batch, shifted) for batch in micro_batches)
+    loss = 0.0
+    for batch in micro_batches:
+        part = shard(batch, world.rank, world.size)
+        n = loss_items(part, shifted)
+        if n == 0:  # an empty shard, or nothing to learn from: its mean would be NaN
+            continue
+        trainer.current_gradient_accumulation_steps = total / n
+        loss += float(trainer.training_step(trainer.model, part))
+    trainer.current_gradient_accumulation_steps = 1
+    return all_reduce_gradients(trainer.plan.trained(), loss)
 
 
 def all_reduce_gradients(params: Dict[str, torch.nn.Parameter], loss: float) -> float:

@@ -1,13 +1,15 @@
 """Stop a run that trains nothing: every client excluded for ``max_excluded_rounds`` rounds in a row.
 
 A client is excluded when its loss or update is non-finite or its update norm exceeds ``max_update_norm``
-(FederatedTrainer._faulty). One such round leaves the global model unchanged and is logged; many in a row mean
+(fedhf/trainer/local_steps.py, :func:`faulty`). One such round leaves the global model unchanged and is logged; many in a row mean
 the run cannot make progress, and finishing "successfully" would hide it.
 """
 
 from __future__ import annotations
 
 from typing import Optional
+
+from .hooks import RoundHook
 
 
 class AllExcludedError(RuntimeError):
@@ -33,3 +35,13 @@ class ExclusionGuard:
                 f"Every client was excluded in {self.streak} consecutive rounds (up to round {entry['round']}; "
                 f"`max_excluded_rounds`={self.limit}), so the global model no longer changes: "
                 + likely_cause(learning_rate, max_update_norm) + ".")
+
+
+class ExclusionStop(RoundHook):
+    """The guard as a round hook: it sees each round's log as soon as the server update is done."""
+
+    def __init__(self, limit: int) -> None:
+        self.guard = ExclusionGuard(limit)
+
+    def after_aggregate(self, trainer, run, sums, entry: dict) -> None:
+        self.guard.after_round(entry, trainer.algorithm.local_optimizer.lr, trainer.args.max_update_norm)

@@ -37,7 +37,7 @@ class SavedModel:
 
 def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
     """The description of what ``save_model`` writes for ``model`` (``folded``: the server rule folds into the
-    base, so the merged model is written, see :meth:`fedhf.trainer.outputs.RunOutputs.published_model`)."""
+    base, so the merged model is written, see :meth:`fedhf.trainer.FederatedTrainer.published_model`)."""
     from peft import LoraConfig, PeftModel
 
     if not isinstance(model, PeftModel):

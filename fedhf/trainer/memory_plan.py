@@ -281,13 +281,13 @@ def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
     products = 0
     if isinstance(algo.server_rule.aggregator, ProductAggregator):  # each client sends its dense B A
         products = sum(4 * shared[b].shape[0] * shared[a].shape[1] for a, b in lora_pairs(shared).items())
-    gathered = trainer.args.clients_per_round * num_bytes(shared) if algo.server_rule.gathers else 0
+    gathered = trainer.args.clients_per_round * num_bytes(shared) if trainer.gathering.keeps_updates else 0
     return 2 * (summed + products), products, gathered
 
 
 def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     """(activations, loss transient) of one client's micro-batch."""
-    args, model, data = trainer.args, trainer.model, trainer._train_data
+    args, model, data = trainer.args, trainer.model, trainer.client_data.train_data
     lengths = _longest_row(data)
     if lengths is None:
         notes.append("activations not estimated: the training data has no `input_ids` column to read lengths from")

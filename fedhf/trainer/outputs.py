@@ -1,22 +1,22 @@
-"""What a federated run writes and reads back: the history, the model card beside every saved model, and round
-checkpoints (the run's state plus the global model) with resume. A mixin of :class:`fedhf.FederatedTrainer`,
-kept apart from the round loop; it uses the trainer's ``args``, ``algorithm``, ``world``, ``client_store``,
-``federated_history`` and ``partition_summary``."""
+"""What a federated run writes and reads back, as round hooks: the history, round checkpoints (the run's state plus
+the global model as ``FederatedTrainer._write_model`` writes it), their Hub pushes, and the resume from a
+checkpoint. They use the trainer's ``args``, ``algorithm``, ``world``, ``client_store``, ``best_round``,
+``federated_history`` and ``state``."""
 
 from __future__ import annotations
 
-import copy
 import os
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
-from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.utils import logging
 
-from .best_round import BestRound
-from .hub import push_round_checkpoint, saved_model, write_model_card
-from ..metrics import write_json_atomic
+from .hooks import RoundHook
+from .hub import push_round_checkpoint
+from ..data import save_partition_report
+from ..metrics import plot_history, write_json_atomic
 from ..state import load_checkpoint, save_checkpoint
+from ..state.rotation import rotate_checkpoints
 from ..state.checkpoint import PREFIX as CHECKPOINT_PREFIX, round_folder
 from ..state.run import RunState, check_fingerprint, fingerprint
 
@@ -24,118 +24,110 @@ HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
 
 
-class RunOutputs:
-    loaded_best_round = None  # the round load_best_model_at_end loaded at the end of train(), if it did
-    # ------------------------------------------------------------------ outputs
-    def create_model_card(self, *args, **kwargs) -> None:
-        """The federated model card (fedhf/trainer/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
-        if self.is_world_process_zero():
-            self._write_card(self.args.output_dir)
+# ---------------------------------------------------------------------- round hooks: history, checkpoints, Hub
+class EvalOnStart(RoundHook):
+    """``eval_on_start``: the initial model evaluated as the history's round 0 (a fresh run with an eval_dataset);
+    the round-0 entry then goes through every hook's ``after_round`` (personalised evaluation, history)."""
 
-    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
-        """Trainer's save_model (and so push_to_hub), then the federated card beside the weights/adapter (replacing
-        peft's card). What is written is :meth:`published_model`: the model ``evaluate()`` evaluates."""
-        super().save_model(output_dir, _internal_call)
-        if self.is_world_process_zero():
-            self._write_card(output_dir or self.args.output_dir)
+    def on_train_begin(self, trainer, run) -> None:
+        if trainer.args.eval_on_start and trainer.eval_dataset is not None and run.rounds_done == 0:
+            entry = {"round": 0, "communicated_MB": 0.0, **trainer.evaluate(ignore_keys=trainer.ignore_keys_for_eval)}
+            trainer.hooks.after_round(trainer, run, entry)
 
-    def published_model(self):
-        """The model that save_model(), push_to_hub() and the round checkpoints' model/ write.
 
-        A server rule that folds into the base (FedEx-LoRA, FLoRA) has changed frozen base weights that a peft
-        adapter does not carry: the adapter alone would reload onto the original base as another model (under
-        FLoRA, the untrained base). So it is the full model with the adapter merged, W + s B A (peft's
-        ``merge_and_unload`` on a copy: the resident model keeps training), which loads with
-        ``AutoModelFor*.from_pretrained``. Otherwise it is the resident model (a peft adapter or full weights)."""
-        if not self.base_fold.layers:
-            return self.model
-        return copy.deepcopy(self.model).merge_and_unload()
+class PartitionReport(RoundHook):
+    """``partition_report``: the clients' split and the algorithm, written once before the first round."""
 
-    def _save(self, output_dir: Optional[str] = None, state_dict=None) -> None:
-        """Trainer's ``_save`` of :meth:`published_model` (see there); the merged model is written as Trainer writes
-        a model (weights as safetensors, config, processing class, training_args.bin)."""
-        if not self.base_fold.layers:
-            return super()._save(output_dir, state_dict)
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return None
-        os.makedirs(output_dir, exist_ok=True)
-        self._write_published(output_dir)
-        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
-        return None
+    def on_train_begin(self, trainer, run) -> None:
+        if trainer.args.partition_report and trainer.is_world_process_zero():
+            save_partition_report({**trainer.partition_summary, "algorithm": trainer.algorithm.describe()},
+                                  trainer.args.output_dir)
 
-    def _write_published(self, directory: str) -> None:
-        """:meth:`published_model` as safetensors, with the tokenizer/processor."""
-        self.published_model().save_pretrained(directory, safe_serialization=True)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(directory)
 
-    def _write_card(self, directory: str, latest: bool = False) -> None:
-        """The card of the resident model: the best round's when ``load_best_model_at_end`` loaded it, else (and
-        with ``latest``: a round checkpoint's) the last round's."""
-        os.makedirs(directory, exist_ok=True)
-        round_index = None if latest else self.loaded_best_round
-        saved = saved_model(self.model, bool(self.base_fold.layers), round_index)
-        write_model_card(directory, self.args, self.algorithm, self.partition_summary, self.federated_history,
-                         self.model, saved)
+class History(RoundHook):
+    """Every round's entry in ``trainer.federated_history`` and in output_dir/federated_history.json."""
 
-    def _record(self, entry: dict) -> None:
-        self.federated_history.append(entry)
-        if self.is_world_process_zero():
-            write_json_atomic(self.federated_history, os.path.join(self.args.output_dir, HISTORY_FILE))
+    def after_round(self, trainer, run, entry: dict) -> bool:
+        trainer.federated_history.append(entry)
+        if trainer.is_world_process_zero():
+            write_json_atomic(trainer.federated_history, os.path.join(trainer.args.output_dir, HISTORY_FILE))
+        return False
 
-    # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, run: RunState, best: BestRound) -> None:
-        """output_dir/checkpoint-N (N = rounds done = ``state.global_step``, the name Trainer gives it): the run's
-        state (safetensors + JSON, checksummed, written atomically) with the best round and the fp16 loss scale,
-        and the global model as ``save_model`` writes it, under model/."""
-        directory = os.path.join(self.args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
-        best_directory = (directory if self.state.best_global_step == run.rounds_done  # an older run's may be named
-                          else round_folder(self.args.output_dir, self.state.best_global_step))  # checkpoint-round-N
-        if self.state.best_global_step == run.rounds_done or os.path.isdir(best_directory):  # as Trainer sets it
-            self.state.best_model_checkpoint = best_directory
-        clients = self._gather_client_store()
-        if not self.is_world_process_zero():
-            return
-        best_meta, best_groups = best.to_checkpoint(self.state)
-        meta = {**run.meta(), "history": self.federated_history, "fingerprint": fingerprint(self.args, self.algorithm),
-                **best_meta}
-        if self.accelerator.scaler is not None:  # fp16: the scale a resumed run continues with
-            meta["grad_scaler"] = self.accelerator.scaler.state_dict()
-        save_checkpoint(directory, {**run.tensor_groups(), **best_groups, "client_store": clients}, meta,
-                        write_extra=self._write_model)
-        if self.args.push_to_hub:  # hub_strategy, in rounds
-            push_round_checkpoint(self.args, self.hub_model_id, os.path.join(directory, "model"), run.rounds_done)
 
-    def _write_model(self, directory: str) -> None:
-        """The global model as ``save_model`` writes it (:meth:`published_model`: a peft adapter, full weights, or
-        the merged model of a rule that folds into the base) as safetensors, with its tokenizer/processor; unlike
-        ``save_model`` it writes no pickled training_args.bin."""
-        self._write_published(os.path.join(directory, "model"))
-        self._write_card(os.path.join(directory, "model"), latest=True)
+class HistoryPlot(RoundHook):
+    def on_train_end(self, trainer, run) -> None:
+        if trainer.is_world_process_zero():
+            plot_history(trainer.federated_history, os.path.join(trainer.args.output_dir, "federated_history.png"))
 
-    def _gather_client_store(self) -> Dict[str, torch.Tensor]:
-        """Every process's client states, on the main process (per-client state lives where its client trains)."""
-        local = self.client_store.to_tensors()
-        dist = torch.distributed
-        if self.world.size == 1:
-            return local
-        parts = [None] * self.world.size
-        # On the CPU: a pickled GPU tensor would be unpickled onto its sender's GPU.
-        dist.all_gather_object(parts, {k: v.cpu() for k, v in local.items()})  # between this run's own processes only
-        return {k: v for part in parts for k, v in part.items()}
 
-    def _restore(self, path: str, best: BestRound) -> RunState:
-        """The run's state from a round checkpoint, on the model's device, with the best round (into ``best`` and
-        ``self.state``) and the fp16 loss scale."""
-        groups, meta = load_checkpoint(path, self.model_device)
-        check_fingerprint(path, meta, fingerprint(self.args, self.algorithm))
-        run = RunState.from_checkpoint(groups, meta)
-        run.server_state = self.algorithm.server_rule.load_state(run.server_state)  # older checkpoints: position keys
-        self.client_store.load_tensors(groups.get("client_store", {}), keep=self.world.owns)
-        self.federated_history = list(meta["history"])
-        best.from_checkpoint(self.state, meta, groups)
-        if self.accelerator.scaler is not None and "grad_scaler" in meta:
-            self.accelerator.scaler.load_state_dict(meta["grad_scaler"])
-        logger.info("resumed from %s after round %d", path, run.rounds_done)
-        return run
+class Checkpoints(RoundHook):
+    """A round checkpoint when ``control.should_save`` is raised (``save_every_rounds``, or a callback), then the
+    rotation (``save_total_limit``, never the best round's) and the callbacks' ``on_save``, which clears it."""
+
+    def after_round(self, trainer, run, entry: dict) -> bool:
+        if trainer.control.should_save and run.rounds_done:  # round 0 (eval_on_start) has nothing to save
+            save_round_checkpoint(trainer, run)
+            rotate_checkpoints(trainer.args.output_dir, trainer.args.save_total_limit, trainer.state.best_global_step)
+            trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+        return False
+
+
+class HubPush(RoundHook):
+    """``push_to_hub``: each round checkpoint's model, as ``hub_strategy`` says (in rounds)."""
+
+    def on_checkpoint(self, trainer, run, directory: str) -> None:
+        if trainer.args.push_to_hub:
+            push_round_checkpoint(trainer.args, trainer.hub_model_id, os.path.join(directory, "model"),
+                                  run.rounds_done)
+
+
+def save_round_checkpoint(trainer, run: RunState) -> None:
+    """output_dir/checkpoint-N (N = rounds done = ``state.global_step``, the name Trainer gives it): the run's
+    state (safetensors + JSON, checksummed, written atomically) with the best round and the fp16 loss scale,
+    and the global model as ``save_model`` writes it, under model/; then the hooks' ``on_checkpoint``."""
+    args, state = trainer.args, trainer.state
+    directory = os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}{run.rounds_done}")
+    best_directory = (directory if state.best_global_step == run.rounds_done  # an older run's may be named
+                      else round_folder(args.output_dir, state.best_global_step))  # checkpoint-round-N
+    if state.best_global_step == run.rounds_done or os.path.isdir(best_directory):  # as Trainer sets it
+        state.best_model_checkpoint = best_directory
+    clients = gather_client_store(trainer)
+    if not trainer.is_world_process_zero():
+        return
+    best_meta, best_groups = trainer.best_round.to_checkpoint(state)
+    meta = {**run.meta(), "history": trainer.federated_history,
+            "fingerprint": fingerprint(args, trainer.algorithm), **best_meta}
+    if trainer.accelerator.scaler is not None:  # fp16: the scale a resumed run continues with
+        meta["grad_scaler"] = trainer.accelerator.scaler.state_dict()
+    save_checkpoint(directory, {**run.tensor_groups(), **best_groups, "client_store": clients}, meta,
+                    write_extra=trainer._write_model)
+    trainer.hooks.on_checkpoint(trainer, run, directory)
+
+
+def gather_client_store(trainer) -> Dict[str, torch.Tensor]:
+    """Every process's client states, on the main process (per-client state lives where its client trains)."""
+    local = trainer.client_store.to_tensors()
+    dist = torch.distributed
+    if trainer.world.size == 1:
+        return local
+    parts = [None] * trainer.world.size
+    # On the CPU: a pickled GPU tensor would be unpickled onto its sender's GPU.
+    dist.all_gather_object(parts, {k: v.cpu() for k, v in local.items()})  # between this run's own processes only
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def restore_run(trainer, path: str) -> RunState:
+    """The run's state from a round checkpoint, on the model's device, with the best round (into
+    ``trainer.best_round`` and ``trainer.state``) and the fp16 loss scale."""
+    groups, meta = load_checkpoint(path, trainer.model_device)
+    check_fingerprint(path, meta, fingerprint(trainer.args, trainer.algorithm))
+    run = RunState.from_checkpoint(groups, meta)
+    run.server_state = trainer.algorithm.server_rule.load_state(run.server_state)  # older checkpoints: position keys
+    trainer.client_store.load_tensors(groups.get("client_store", {}), keep=trainer.world.owns)
+    trainer.federated_history = list(meta["history"])
+    trainer.best_round.from_checkpoint(trainer.state, meta, groups)
+    scaler = trainer.accelerator.scaler
+    if scaler is not None and "grad_scaler" in meta:
+        scaler.load_state_dict(meta["grad_scaler"])
+    logger.info("resumed from %s after round %d", path, run.rounds_done)
+    return run

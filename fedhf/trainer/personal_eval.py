@@ -15,7 +15,7 @@ Logged beside the global ``eval_*`` keys, for the loss and every metric of ``com
 Every client is evaluated, sampled this round or not (a client that never trained has the initial personal
 tensors). It changes nothing of training: the resident model gets the global model back after every client (the
 clients' mean personal tensors, as after a round) and the random number generators' states are restored, so the trained
-model is bit-identical with and without it (tests/trainer/test_personal_eval.py). A mixin of
+model is bit-identical with and without it (tests/trainer/test_personal_eval.py). A round hook of
 :class:`fedhf.trainer.FederatedTrainer`.
 """
 
@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import Subset
 
 from ..core.params import load_into
+from .hooks import RoundHook
 from .settings import should_evaluate
 
 PREFIX = "personal_eval"
@@ -55,13 +56,6 @@ def summarise(per_client: Sequence[Dict[str, float]], skipped: int) -> Dict[str,
     return summary
 
 
-def check_personal_eval(args, world_size: int) -> None:
-    """Refused before work: with several processes a client's personal tensors live on the process that owns it."""
-    if args.personalized_eval and world_size > 1:
-        raise ValueError(f"`personalized_eval` runs in one process; this run has {world_size}: launch one process "
-                         "or set personalized_eval=False.")
-
-
 class _SavedRandomState:
     """Python, numpy and torch (CPU and accelerator) generator states, put back on exit."""
 
@@ -80,49 +74,51 @@ class _SavedRandomState:
         return False
 
 
-class PersonalEvaluation:
-    """Uses the trainer's ``plan``, ``client_store``, ``client_ranks``, ``client_eval_partitions`` and Trainer's
-    evaluation loop."""
+class PersonalEvaluation(RoundHook):
+    """A round hook: at the rounds the global model is evaluated (``eval_every_rounds`` / ``eval_steps``, the last
+    round, and round 0 with ``eval_on_start``; also without an ``eval_dataset``) it adds the summary to the round's
+    entry and logs it to callbacks; ``trainer.personal_eval_per_client`` keeps each client's metrics (client id ->
+    metrics) of the latest evaluation. Nothing without ``personalized_eval``."""
 
-    def _personal_evaluation(self, run) -> Dict[str, float]:
-        """The summary over clients; ``self.personal_eval_per_client`` keeps each client's metrics (client id ->
-        metrics) of the latest evaluation. With ``lora_client_ranks`` a client's model is the global adapter cut
-        to its rank (fedhf/sharing/client_ranks.py), as it trains."""
-        per_client: Dict[int, Dict[str, float]] = {}
-        skipped = 0
-        with _SavedRandomState():
-            for client, rows in enumerate(self.client_eval_partitions):
-                if len(rows) == 0:
-                    skipped += 1
-                    continue
-                self.plan.load_personal(self.client_store, client, run.personal_init)
-                if self.client_ranks is not None:
-                    self.client_ranks.truncate(client)
-                try:
-                    per_client[client] = self._evaluate_rows(rows)
-                finally:  # the global model again
-                    self.plan.load_global_personal_again()
-                    load_into(self.plan.params, run.global_params)
-        self.personal_eval_per_client = per_client
-        return summarise(list(per_client.values()), skipped)
+    def after_round(self, trainer, run, entry: dict) -> bool:
+        rounds_done = entry["round"]
+        if not trainer.args.personalized_eval or (rounds_done and not should_evaluate(trainer.args, rounds_done, True)):
+            return False
+        metrics = personal_evaluation(trainer, run)
+        trainer.log(dict(metrics))
+        entry.update(metrics)
+        return False
 
-    def _evaluate_rows(self, rows) -> Dict[str, float]:
-        """Trainer's evaluation loop (its batching, autocast and compute_metrics) over some training rows; no
-        callbacks' on_evaluate and no log, which are the global evaluation's."""
-        rows = [int(i) for i in rows]
-        data = self.train_dataset
-        subset = data.select(rows) if isinstance(data, datasets.Dataset) else Subset(data, rows)
-        output = self.evaluation_loop(self.get_test_dataloader(subset), description="Personalised evaluation",
-                                      prediction_loss_only=True if self.compute_metrics is None else None,
-                                      metric_key_prefix="eval")
-        return {k[len("eval_"):]: float(v) for k, v in output.metrics.items()
-                if not any(k.endswith(n) for n in _NOT_METRICS)}
 
-    def _personal_metrics(self, run, rounds_done: int) -> Dict[str, float]:
-        """At the rounds the global model is evaluated (``eval_every_rounds`` / ``eval_steps``, the last round, and
-        round 0 with ``eval_on_start``; also without an ``eval_dataset``): the summary, logged to callbacks."""
-        if not self.args.personalized_eval or (rounds_done and not should_evaluate(self.args, rounds_done, True)):
-            return {}
-        metrics = self._personal_evaluation(run)
-        self.log(dict(metrics))
-        return metrics
+def personal_evaluation(trainer, run) -> Dict[str, float]:
+    """The summary over clients. With ``lora_client_ranks`` a client's model is the global adapter cut to its rank
+    (fedhf/sharing/client_ranks.py), as it trains."""
+    per_client: Dict[int, Dict[str, float]] = {}
+    skipped, plan = 0, trainer.plan
+    with _SavedRandomState():
+        for client, rows in enumerate(trainer.client_eval_partitions):
+            if len(rows) == 0:
+                skipped += 1
+                continue
+            plan.load_personal(trainer.client_store, client, run.personal_init)
+            plan.begin_client(client)
+            try:
+                per_client[client] = evaluate_rows(trainer, rows)
+            finally:  # the global model again
+                plan.load_global_personal_again()
+                load_into(plan.params, run.global_params)
+    trainer.personal_eval_per_client = per_client
+    return summarise(list(per_client.values()), skipped)
+
+
+def evaluate_rows(trainer, rows) -> Dict[str, float]:
+    """Trainer's evaluation loop (its batching, autocast and compute_metrics) over some training rows; no
+    callbacks' on_evaluate and no log, which are the global evaluation's."""
+    rows = [int(i) for i in rows]
+    data = trainer.train_dataset
+    subset = data.select(rows) if isinstance(data, datasets.Dataset) else Subset(data, rows)
+    output = trainer.evaluation_loop(trainer.get_test_dataloader(subset), description="Personalised evaluation",
+                                     prediction_loss_only=True if trainer.compute_metrics is None else None,
+                                     metric_key_prefix="eval")
+    return {k[len("eval_"):]: float(v) for k, v in output.metrics.items()
+            if not any(k.endswith(n) for n in _NOT_METRICS)}

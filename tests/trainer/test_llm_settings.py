@@ -41,7 +41,7 @@ def test_neftune_noise_is_active_in_local_steps_and_removed_after(tokenizer, sft
 def test_label_smoothing_is_the_local_loss(tokenizer, sft, tmp_path):
     trainer, _ = run(tokenizer, sft, tmp_path, label_smoothing_factor=0.1, num_clients=1, clients_per_round=1)
     # Round 1's train loss is the loss of the one local step at the initial model on the client's first batch.
-    batch = next(trainer._client_batches(0, 0))
+    batch = next(trainer.client_data.batches(0, 0))
     model = tiny_llama_lora(len(tokenizer))
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     logits, labels = logits[:, :-1].reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1)

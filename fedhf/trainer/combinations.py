@@ -1,0 +1,224 @@
+"""Feature combinations fedhf refuses, in one table, checked when the trainer is built (before any work).
+
+Each :class:`Refusal` row says when a combination is refused (``when``), what the problem is and the fix. Rows of a
+``group`` are gathered into one message, as one setting's problems (``batched_clients``, ``client_parallel``); a
+row without a group is refused alone, the first in table order. A refusal that only a model helper can judge
+(which LoRA layers can be stacked or merged into the base) is a row whose ``check`` raises with that helper's own
+message. docs/bad_inputs.md lists every refusal with the input that triggers it (tests/trainer/bad_inputs.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Union
+
+from transformers import Trainer
+
+from ..core.lora import LORA_A, LORA_B, lora_pairs, role_of
+from ..core.params import federated_buffers
+from ..runtime.lora_layers import lora_layers
+from ..sharing.alternating import ROLORA
+from ..sharing.plan import PERSONAL, SHARED
+
+
+@dataclass
+class Setup:
+    """What the table reads: the trainer (its args, model, algorithm, sharing and roles, processes, loss)."""
+
+    trainer: object
+
+    def __getattr__(self, name):  # the trainer's attributes, read as the rows need them
+        return getattr(self.trainer, name)
+
+    @property
+    def rule(self):
+        return self.trainer.algorithm.server_rule
+
+    @property
+    def needs_lora_pairs(self) -> bool:
+        return self.rule.aggregator.needs_lora_pairs
+
+    @property
+    def shared(self) -> List[str]:
+        return [n for n, r in self.trainer.sharing_roles.items() if r == SHARED]
+
+    @property
+    def lora(self) -> List[str]:
+        return [n for n in self.trainer.sharing_roles if role_of(n) in (LORA_A, LORA_B)]
+
+
+Text = Callable[[Setup], str]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    when: Callable[[Setup], bool]
+    problem: Optional[Text] = None
+    fix: Union[str, Text] = ""
+    group: str = ""
+    check: Optional[Callable[[Setup], None]] = None  # a model helper that raises its own message
+
+    def message(self, s: Setup) -> str:
+        fix = self.fix(s) if callable(self.fix) else self.fix
+        return self.problem(s) + (f": {fix}" if fix else "") + "."
+
+
+def _ranks_above(s: Setup) -> bool:
+    pairs = lora_pairs(_trainable(s))
+    return bool(pairs) and max(s.args.lora_client_ranks) > _adapter_rank(s)
+
+
+def _trainable(s: Setup):
+    from ..core.params import trainable_parameters
+    return trainable_parameters(s.model)
+
+
+def _adapter_rank(s: Setup) -> int:
+    params = _trainable(s)
+    return min(params[a].shape[0] for a in lora_pairs(params))
+
+
+def _overridden_loss(s: Setup) -> List[str]:
+    """The shared pass computes each client's loss from the logits (the model's plain mean) and never calls
+    ``compute_loss`` or ``training_step``; an override of either (a user's, or trl's SFTTrainer's: its ``dft`` loss,
+    MoE auxiliary loss and token metrics) would be skipped silently, so it is refused."""
+    cls = type(s.trainer)
+    return [name for name in ("compute_loss", "training_step") if getattr(cls, name) is not getattr(Trainer, name)]
+
+
+def _overridden_text(s: Setup) -> str:
+    cls = type(s.trainer)
+    return "; ".join(f"an overridden `{name}` ({getattr(cls, name).__qualname__}: the shared pass computes each "
+                     f"client's loss from the logits and would skip it; trl's SFTTrainer overrides both)"
+                     for name in _overridden_loss(s))
+
+
+def _ranks(s: Setup) -> bool:
+    return s.args.lora_client_ranks is not None
+
+
+def _batched(s: Setup) -> bool:
+    return s.args.batched_clients > 1
+
+
+COMBINATIONS: List[Refusal] = [
+    # personalised evaluation
+    Refusal(lambda s: s.args.personalized_eval and s.world.size > 1,
+            lambda s: f"`personalized_eval` runs in one process; this run has {s.world.size}",
+            "launch one process or set personalized_eval=False"),
+    # parameter sharing x server rule
+    Refusal(lambda s: PERSONAL in s.sharing_roles.values() and s.rule.aggregator.needs_preconditioners,
+            lambda s: f"`server_rule={s.rule.name!r}` mixes every preconditioned layer on the server, but "
+                      "`parameter_sharing` keeps some of them personal; use parameter_sharing='all' or another "
+                      "server_rule"),
+    Refusal(lambda s: s.sharing.preset == ROLORA and not (any(role_of(n) == LORA_A for n in s.shared)
+                                                          and any(role_of(n) == LORA_B for n in s.shared)),
+            lambda s: "`parameter_sharing='rolora'` alternates shared LoRA A and B, but the model has no shared "
+                      "trainable pair",
+            "apply a peft LoRA adapter, or choose another `parameter_sharing`"),
+    Refusal(lambda s: s.sharing.preset == ROLORA and s.needs_lora_pairs,
+            lambda s: f"`parameter_sharing='rolora'` averages one factor per round; `server_rule={s.rule.name!r}` "
+                      "aggregates the product of both. Use one or the other (e.g. server_rule='mean')"),
+    # refuses DoRA, conv LoRA and LoRA on embeddings; fan_in_fan_out only for rules that write into W
+    Refusal(lambda s: s.needs_lora_pairs,
+            check=lambda s: lora_layers(s.model, allow_fan_in_fan_out=not s.rule.aggregator.folds_into_base)),
+    Refusal(lambda s: s.needs_lora_pairs and not s.lora,
+            lambda s: f"`server_rule={s.rule.name!r}` aggregates LoRA products, but the model has no trainable "
+                      "LoRA A/B", "apply a peft LoRA adapter, or choose another server_rule"),
+    Refusal(lambda s: s.needs_lora_pairs and any(s.sharing_roles[n] != SHARED for n in s.lora),
+            lambda s: f"`server_rule={s.rule.name!r}` needs every LoRA A and B shared, but "
+                      f"`parameter_sharing={s.sharing.preset!r}` keeps some personal or frozen; use "
+                      "parameter_sharing='all' (or a personal head/norm) with it"),
+    # heterogeneous client ranks (fedhf/sharing/client_ranks.py)
+    Refusal(lambda s: _ranks(s) and not lora_pairs(_trainable(s)),
+            lambda s: "`lora_client_ranks` truncates LoRA adapters, but the model has no shared LoRA A/B",
+            "apply a peft LoRA adapter, or leave lora_client_ranks unset"),
+    Refusal(lambda s: _ranks(s) and _ranks_above(s),
+            lambda s: f"`lora_client_ranks` asks for rank {max(s.args.lora_client_ranks)}, above the adapter's rank "
+                      f"{_adapter_rank(s)}",
+            lambda s: "a client trains the first r_i components of the global adapter; use ranks <= "
+                      f"{_adapter_rank(s)} or a larger LoraConfig(r=...)"),
+    Refusal(lambda s: _ranks(s) and not s.needs_lora_pairs,
+            lambda s: "`lora_client_ranks` needs a rule that aggregates the clients' products (flexlora, flora, "
+                      f"fedex_lora, fedsvd); `server_rule={s.rule.name!r}` averages A and B, which would average "
+                      "zeros into the components a client lacks"),
+    # A client's optimizer state on the components it lacks is zero (they never get a gradient); averaged in, it
+    # would shrink the others' (Adam's v: larger steps; momentum: smaller) on exactly those components.
+    Refusal(lambda s: _ranks(s) and s.algorithm.state_sync.averages_theta,
+            lambda s: f"`lora_client_ranks` with `state_sync={s.algorithm.state_sync.name!r}`: the averaged "
+                      "optimizer state would mix a truncated client's zeros into the components it does not train; "
+                      "use state_sync='persist_local' (each client keeps its own) or 'reset'"),
+    Refusal(lambda s: _ranks(s) and _batched(s),
+            lambda s: f"`batched_clients={s.args.batched_clients}` trains clients together, but `lora_client_ranks` "
+                      "truncates each client's adapter differently; set batched_clients=1"),
+    # a rule that folds into the base weights (FedEx-LoRA, FLoRA)
+    Refusal(lambda s: s.rule.aggregator.folds_into_base and s.args.load_best_model_at_end,
+            lambda s: "`load_best_model_at_end=True` keeps the best round's trainable tensors only, but "
+                      "`server_rule` folds into the frozen base weights every round; set "
+                      "load_best_model_at_end=False (or use round checkpoints) with it"),
+    # batched clients: one message for all the settings that stop clients from sharing a forward/backward
+    Refusal(_batched, check=lambda s: _stackable(s.model)),  # names the modules that cannot be stacked
+    Refusal(lambda s: _batched(s) and (s.sharing.preset == ROLORA or s.rule.aggregator.freezes_lora_a),
+            lambda s: "a LoRA factor frozen on the clients (`parameter_sharing='rolora'`, `server_rule='fedsvd'`)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and PERSONAL in s.sharing_roles.values(),
+            lambda s: "personal tensors (`parameter_sharing`: each client would need its own copy loaded)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(federated_buffers(s.model)),
+            lambda s: "the model has averaged buffers (BatchNorm statistics would mix the clients' rows)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(s.args.neftune_noise_alpha),
+            lambda s: "`neftune_noise_alpha` (its noise is drawn per forward pass)", group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(s.args.label_smoothing_factor),
+            lambda s: "`label_smoothing_factor` (the per-client loss is the model's plain loss)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and s.compute_loss_func is not None,
+            lambda s: "a `compute_loss_func` (the per-client loss is computed from the logits)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(_overridden_loss(s)), _overridden_text, group="batched_clients"),
+    # client-parallel: one message likewise
+    Refusal(lambda s: s.args.client_parallel and _batched(s),
+            lambda s: f"`batched_clients={s.args.batched_clients}` (set it to 1: a batched chunk cannot be split "
+                      "across processes)", group="client_parallel"),
+    Refusal(lambda s: s.args.client_parallel and bool(federated_buffers(s.model)),
+            lambda s: "a model with averaged buffers (BatchNorm statistics of a row shard are not the batch's)",
+            group="client_parallel"),
+    Refusal(lambda s: s.args.client_parallel and (s.compute_loss_func is not None or s.loss_is_scaled_for_ga),
+            lambda s: "a `compute_loss_func` (each shard's loss must be the model's own mean to be weighted)",
+            group="client_parallel"),
+]
+
+# one setting's problems in one message: (head, fix)
+GROUPS: Dict[str, tuple] = {
+    "batched_clients": (lambda s: f"`batched_clients={s.args.batched_clients}` cannot train clients together with ",
+                        "Set `batched_clients=1` or change that setting."),
+    "client_parallel": (lambda s: "`client_parallel=True` cannot run with ",
+                        "Turn client_parallel off or change that setting."),
+}
+
+
+def _stackable(model) -> None:
+    from ..runtime.stacked_adapters import trainable_linears
+
+    trainable_linears(model)
+
+
+def check_combinations(trainer) -> None:
+    """Raise the first refusal of the table that applies (a group's problems together, in one message)."""
+    s = Setup(trainer)
+    grouped: Dict[str, List[str]] = {}
+    for row in COMBINATIONS:
+        if row.group and grouped.get(row.group) is None:
+            grouped[row.group] = []
+        if not row.when(s):
+            continue
+        if row.check is not None:
+            row.check(s)
+        elif row.group:
+            grouped[row.group].append(row.problem(s))
+        else:
+            raise ValueError(row.message(s))
+    for group, problems in grouped.items():
+        if problems:
+            head, fix = GROUPS[group]
+            raise ValueError(head(s) + "; ".join(problems) + ". " + fix)

@@ -1,0 +1,33 @@
+"""The run's round features as the list of round hooks (fedhf/trainer/hooks.py) the loop calls, in order.
+
+A new round feature: its file with its hook, imported here, and its line in :func:`round_hooks`.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from .guards import ExclusionStop
+from .hooks import RoundHook
+from .neftune import NEFTune
+from .outputs import Checkpoints, EvalOnStart, History, HistoryPlot, HubPush, PartitionReport
+from .personal_eval import PersonalEvaluation
+from .round_metrics import DriftMetrics
+
+
+def round_hooks(trainer) -> List[RoundHook]:
+    """The run's round features, in the order their events run. A hook whose setting is off does nothing."""
+    args = trainer.args
+    return [
+        PartitionReport(),  # partition_report: the clients' split, written once
+        NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
+        EvalOnStart(),  # eval_on_start: round 0's evaluation
+        DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i
+        ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded
+        trainer.best_round,  # the best evaluated round (load_best_model_at_end); checkpointed with the run
+        PersonalEvaluation(),  # personalized_eval: each client's own model on its held-out rows
+        History(),  # the history file, one entry per round
+        Checkpoints(),  # round checkpoints (save_every_rounds, control.should_save), rotated
+        HubPush(),  # push_to_hub: a round checkpoint's model, per hub_strategy
+        HistoryPlot(),  # the history plotted at the end
+    ]
