@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from transformers import TrainingArguments
 
-from .config_checks import check_batch_sizes, check_mixed_precision, check_output_dir, coerce_numeric_strings
+from .config_checks import (check_batch_sizes, check_federation_fields, check_mixed_precision, check_output_dir,
+                            coerce_numeric_strings)
 from ..algorithms import ALGORITHMS, compose
 from ..corrections import CORRECTIONS
 from ..data import PARTITION_KEYS, PARTITIONERS
@@ -331,60 +331,7 @@ class FederatedConfig(TrainingArguments):
             setattr(self, name, _as_dict(getattr(self, name), name))
         if self.clients_per_round is None:
             self.clients_per_round = self.num_clients
-        checks = [
-            (self.num_clients >= 1, "`num_clients` must be >= 1"),
-            (self.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
-            (self.clients_per_round <= self.num_clients,
-             f"`clients_per_round`={self.clients_per_round} exceeds `num_clients`={self.num_clients}; lower it or "
-             "raise num_clients"),
-            (self.num_rounds >= 1, "`num_rounds` must be >= 1"),
-            (self.local_steps >= 1, f"`local_steps` must be >= 1 (got {self.local_steps})"),
-            (self.partition in PARTITIONERS, f"`partition` must be one of {PARTITIONERS}, got {self.partition!r}"),
-            (self.dirichlet_alpha > 0,
-             f"`dirichlet_alpha` must be > 0 (got {self.dirichlet_alpha}); 0.1 is strongly skewed, 100 nearly IID"),
-            (self.min_partition_size >= 1, "`min_partition_size` must be >= 1: every client needs data"),
-            (self.partition_max_retries >= 1, "`partition_max_retries` must be >= 1"),
-            (self.partition_key in PARTITION_KEYS,
-             f"`partition_key` must be one of {PARTITION_KEYS} (or a callable passed as "
-             f"FederatedTrainer(partition_key=...)), got {self.partition_key!r}"),
-            (self.partition_key_buckets >= 2, f"`partition_key_buckets` must be >= 2 (got {self.partition_key_buckets})"),
-            ((self.partition_key == "embedding") == (self.partition_encoder is not None),
-             "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` embeds with, "
-             f"and only that key uses it: got partition_key={self.partition_key!r}, "
-             f"partition_encoder={self.partition_encoder!r}"),
-            (math.isfinite(self.quantity_skew) and self.quantity_skew >= 0,
-             f"`quantity_skew` must be a finite number >= 0 (got {self.quantity_skew}); 0 = equal sizes, 1 = Zipf"),
-            (self.quantity_skew == 0 or self.partition != "natural",
-             "`quantity_skew` does not apply to `partition='natural'` (its sizes are the data's); set it to 0 or use "
-             "'iid'/'dirichlet'"),
-            (0 <= self.client_eval_fraction < 1,
-             f"`client_eval_fraction` must be in [0, 1) (got {self.client_eval_fraction}); e.g. 0.1"),
-            (not self.personalized_eval or self.client_eval_fraction > 0,
-             "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is 0: "
-             "set client_eval_fraction (e.g. 0.1) or personalized_eval=False"),
-            (self.lora_client_ranks is None or (len(self.lora_client_ranks) == self.num_clients
-                                                and all(int(r) >= 1 for r in self.lora_client_ranks)),
-             f"`lora_client_ranks` needs one rank >= 1 per client ({self.num_clients}), got {self.lora_client_ranks}"),
-            (self.client_weighting in CLIENT_WEIGHTINGS, f"`client_weighting` must be one of {CLIENT_WEIGHTINGS}"),
-            (self.round_lr_schedule in ROUND_SCHEDULES, f"`round_lr_schedule` must be one of {ROUND_SCHEDULES}"),
-            (self.learning_rate is None or self.learning_rate > 0, "`learning_rate` must be > 0"),
-            (self.weight_decay is None or self.weight_decay >= 0, "`weight_decay` must be >= 0"),
-            (self.max_update_norm is None or self.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),
-            (self.max_excluded_rounds >= 0, "`max_excluded_rounds` must be >= 0 (0 = never stop)"),
-            (self.client_state_budget_mb is None or self.client_state_budget_mb >= 0,
-             "`client_state_budget_mb` must be >= 0 or unset"),
-            (self.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
-            (self.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
-            (self.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
-            (self.batched_clients >= 1, "`batched_clients` must be >= 1 (1 = one client at a time)"),
-            (self.memory_budget_gb is None or self.memory_budget_gb > 0, "`memory_budget_gb` must be > 0 or unset"),
-            (not self.average_tokens_across_devices,
-             "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
-             "clients (local steps never all-reduce); leave it False"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message + ".")
+        check_federation_fields(self, CLIENT_WEIGHTINGS, ROUND_SCHEDULES)
         if self.partition_encoder is not None:
             check_encoder(self.partition_encoder)  # a local folder, before any work
         # Fails here, before any model or data is touched, on an unknown name or a bad keyword; the trainer reuses

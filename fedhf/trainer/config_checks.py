@@ -7,12 +7,14 @@ checked in :mod:`fedhf.trainer.settings`; data checks are in :mod:`fedhf.data.ch
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 import warnings
 
 import torch
 
+from ..data import PARTITION_KEYS, PARTITIONERS
 from ..runtime.hardware import cpu_has_bf16_matmul
 
 _NUMBERS = {"float": float, "int": int}
@@ -74,3 +76,62 @@ def check_mixed_precision(config) -> None:
         warnings.warn(f"`{field}=True` on a CPU without bfloat16 matmul units (no AVX512-BF16 or AMX): torch emulates "
                       f"bfloat16 there, ~17x slower than fp32 on a MiniLM-LoRA step measured on an AVX2 CPU. Set "
                       f"{field}=False to train in fp32 (faster here, and at least as precise).", UserWarning)
+
+
+def check_federation_fields(config, client_weightings, round_schedules) -> None:
+    """The federation's own fields, each with the fix named (``FederatedConfig.__post_init__``, after the kwargs
+    are parsed and ``clients_per_round`` defaulted)."""
+    checks = [
+        (config.num_clients >= 1, "`num_clients` must be >= 1"),
+        (config.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
+        (config.clients_per_round <= config.num_clients,
+         f"`clients_per_round`={config.clients_per_round} exceeds `num_clients`={config.num_clients}; lower it or "
+         "raise num_clients"),
+        (config.num_rounds >= 1, "`num_rounds` must be >= 1"),
+        (config.local_steps >= 1, f"`local_steps` must be >= 1 (got {config.local_steps})"),
+        (config.partition in PARTITIONERS, f"`partition` must be one of {PARTITIONERS}, got {config.partition!r}"),
+        (config.dirichlet_alpha > 0,
+         f"`dirichlet_alpha` must be > 0 (got {config.dirichlet_alpha}); 0.1 is strongly skewed, 100 nearly IID"),
+        (config.min_partition_size >= 1, "`min_partition_size` must be >= 1: every client needs data"),
+        (config.partition_max_retries >= 1, "`partition_max_retries` must be >= 1"),
+        (config.partition_key in PARTITION_KEYS,
+         f"`partition_key` must be one of {PARTITION_KEYS} (or a callable passed as "
+         f"FederatedTrainer(partition_key=...)), got {config.partition_key!r}"),
+        (config.partition_key_buckets >= 2, f"`partition_key_buckets` must be >= 2 (got {config.partition_key_buckets})"),
+        ((config.partition_key == "embedding") == (config.partition_encoder is not None),
+         "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` embeds with, "
+         f"and only that key uses it: got partition_key={config.partition_key!r}, "
+         f"partition_encoder={config.partition_encoder!r}"),
+        (math.isfinite(config.quantity_skew) and config.quantity_skew >= 0,
+         f"`quantity_skew` must be a finite number >= 0 (got {config.quantity_skew}); 0 = equal sizes, 1 = Zipf"),
+        (config.quantity_skew == 0 or config.partition != "natural",
+         "`quantity_skew` does not apply to `partition='natural'` (its sizes are the data's); set it to 0 or use "
+         "'iid'/'dirichlet'"),
+        (0 <= config.client_eval_fraction < 1,
+         f"`client_eval_fraction` must be in [0, 1) (got {config.client_eval_fraction}); e.g. 0.1"),
+        (not config.personalized_eval or config.client_eval_fraction > 0,
+         "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is 0: "
+         "set client_eval_fraction (e.g. 0.1) or personalized_eval=False"),
+        (config.lora_client_ranks is None or (len(config.lora_client_ranks) == config.num_clients
+                                            and all(int(r) >= 1 for r in config.lora_client_ranks)),
+         f"`lora_client_ranks` needs one rank >= 1 per client ({config.num_clients}), got {config.lora_client_ranks}"),
+        (config.client_weighting in client_weightings, f"`client_weighting` must be one of {client_weightings}"),
+        (config.round_lr_schedule in round_schedules, f"`round_lr_schedule` must be one of {round_schedules}"),
+        (config.learning_rate is None or config.learning_rate > 0, "`learning_rate` must be > 0"),
+        (config.weight_decay is None or config.weight_decay >= 0, "`weight_decay` must be >= 0"),
+        (config.max_update_norm is None or config.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),
+        (config.max_excluded_rounds >= 0, "`max_excluded_rounds` must be >= 0 (0 = never stop)"),
+        (config.client_state_budget_mb is None or config.client_state_budget_mb >= 0,
+         "`client_state_budget_mb` must be >= 0 or unset"),
+        (config.eval_every_rounds >= 0, "`eval_every_rounds` must be >= 0"),
+        (config.save_every_rounds >= 0, "`save_every_rounds` must be >= 0"),
+        (config.gradient_accumulation_steps >= 1, "`gradient_accumulation_steps` must be >= 1"),
+        (config.batched_clients >= 1, "`batched_clients` must be >= 1 (1 = one client at a time)"),
+        (config.memory_budget_gb is None or config.memory_budget_gb > 0, "`memory_budget_gb` must be > 0 or unset"),
+        (not config.average_tokens_across_devices,
+         "`average_tokens_across_devices=True` would count other processes' tokens, which belong to other "
+         "clients (local steps never all-reduce); leave it False"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message + ".")
