@@ -1,9 +1,9 @@
 """Offline metrics (``evaluate.load`` needs the Hub), the preconditioner drift, and the run history plots."""
 
 from .classification import accuracy_metrics, glue_compute_metrics
-from .drift import drift, spectral_drift
+from .drift import drift, drift_message, spectral_drift
 from .generation import GenerationEvalCallback, first_word_accuracy, generate_answers
 from .history import plot_history, write_json_atomic
 
-__all__ = ["GenerationEvalCallback", "accuracy_metrics", "drift", "first_word_accuracy", "generate_answers",
-           "glue_compute_metrics", "plot_history", "spectral_drift", "write_json_atomic"]
+__all__ = ["GenerationEvalCallback", "accuracy_metrics", "drift", "drift_message", "first_word_accuracy",
+           "generate_answers", "glue_compute_metrics", "plot_history", "spectral_drift", "write_json_atomic"]

@@ -2,16 +2,17 @@
 (FedPAC, Liu et al., 2025, Def. 1 and Fig. 3; docs/algorithms.md 2.15). Computed before alignment, over participants.
 
 * Frobenius (always logged for algorithms with a Theta): Delta_D = sum_i w_i ||Theta_i - Thetabar||_F^2 / W, in
-  its sum form sum_i w_i ||Theta_i||^2 / W - ||Thetabar||^2, from two sums every client adds to the round's
-  sums (float64; all-reducible like every other message).
+  its sum form sum_i w_i ||Theta_i||^2 / W - ||Thetabar||^2, from the two sums of :func:`drift_message` every
+  client adds to the round's sums (float64; all-reducible like every other message; never counted as upload:
+  a diagnostic a deployment would not send). Thetabar here is the mean of the clients' own Theta_i.
 * Spectral (FedPAC Fig. 3, opt-in ``drift_spectral``): per Theta tensor k,
   D_k = sum_i w_i ||Theta_i,k - Thetabar_k||_2 / W, the spectral norm of the (shape[0], rest) matrix -- for
   the symmetric SOAP / FOOF factors, the largest |eigenvalue|; for a 1-D (diagonal) state, its largest |entry|.
   It is not a sum of per-client terms: each process keeps its clients' Theta_i until Thetabar is known (phase 1,
   the round's all-reduce), then the norms are summed (phase 2, a second small all-reduce). The paper's figure
-  averages over clients; the weights w_i / W here are the ones Thetabar and the Frobenius form use. Thetabar is
-  the aggregate the server holds: with ``compressed_average``, the mean of the low-rank uploads, against which
-  the spectral form measures each client's own Theta_i (the Frobenius form sees only the uploads).
+  averages over clients; the weights w_i / W here are the ones Thetabar and the Frobenius form use. Both forms
+  measure the clients' own Theta_i, whatever the state-sync rule uploads (``compressed_average`` sends a low-rank
+  reconstruction; the drift is that of the optimizers' states, as FedPAC defines it).
 """
 
 from __future__ import annotations
@@ -20,8 +21,19 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..core.sums import RoundSums
+from ..core.message import Message
 from ..core.params import TensorDict
+from ..core.sums import RoundSums
+
+
+def drift_message(theta: TensorDict, weight: float) -> Message:
+    """One client's part of the drift sums: w_i Theta_i and w_i ||Theta_i||^2 per tensor (0 bytes: not sent by a
+    deployment). Empty for an optimizer without a Theta."""
+    message = Message()
+    if theta:
+        message.put("theta", theta, scale=weight, nbytes=0)
+        message.put("theta_sq", {k: t.double().pow(2).sum() for k, t in theta.items()}, scale=weight, nbytes=0)
+    return message
 
 
 def drift(sums, total_weight: float) -> Optional[dict]:

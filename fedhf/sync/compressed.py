@@ -28,7 +28,7 @@ from ..core.context import ClientContext
 from ..core.message import Message
 from ..core.params import TensorDict
 from ..core.theta import GENERAL, NONNEGATIVE, SYMMETRIC_PSD
-from .rules import AverageWarmstart, contribute
+from .rules import AverageWarmstart, upload
 
 
 def compression_rank(m: int, n: int, fraction: float) -> int:
@@ -74,4 +74,4 @@ class CompressedAverage(AverageWarmstart):
         for key, tensor in theta.items():
             recon[key], sent = low_rank(tensor, self.fraction, (kinds or {}).get(key, GENERAL))
             floats += sent
-        return contribute(ctx, recon, counted=True, nbytes=4 * floats)
+        return upload(ctx, recon, nbytes=4 * floats)

@@ -8,9 +8,9 @@
 * ``compressed_average`` (:mod:`fedhf.sync.compressed`) -- the same with a low-rank upload.
 
 Only Theta moves; the rest of the optimizer state (first moments, eigenbases, counters) starts fresh every round.
-Every rule also contributes Theta_i and ||Theta_i||^2 to its message so the drift metric Delta_D
-(docs/algorithms.md 2.15) can be computed for any algorithm that has a Theta; only rules that really upload Theta
-count its bytes.
+A rule sends only what its server half uses: the rules that average Theta upload w_i Theta_i and w_i (their bytes
+counted); the others send nothing. The drift metric Delta_D (docs/algorithms.md 2.15) is not this axis's: the
+trainer hands every client's Theta_i to a round hook (fedhf/trainer/round_metrics.py).
 
 The protocol (:class:`StateSync`): ``client_begin(ctx, optimizer)`` may import Theta into the fresh optimizer;
 ``client_end(ctx, theta, kinds)`` returns the client's message (``kinds``: the structure the optimizer declares
@@ -31,14 +31,13 @@ from ..core.params import TensorDict
 STORE_KEY = "optimizer_theta"
 
 
-def contribute(ctx: ClientContext, theta: TensorDict, counted: bool, nbytes: Optional[int] = None) -> Message:
-    """w_i Theta_i, w_i ||Theta_i||^2 (per tensor) and w_i; the upload counts only if ``counted`` (else Theta is
-    a diagnostic for Delta_D that a real deployment would not send)."""
+def upload(ctx: ClientContext, theta: TensorDict, nbytes: Optional[int] = None) -> Message:
+    """w_i Theta_i and w_i, for a server half that averages Theta; its bytes are Theta's dense size, or ``nbytes``
+    when what is sent is smaller (a low-rank factorisation)."""
     message = Message()
     if not theta:
         return message
-    message.put("theta", theta, scale=ctx.weight, nbytes=nbytes if counted else 0)
-    message.put("theta_sq", {k: t.double().pow(2).sum() for k, t in theta.items()}, scale=ctx.weight, nbytes=0)
+    message.put("theta", theta, scale=ctx.weight, nbytes=nbytes)
     return message.put_scalar("w", ctx.weight)
 
 
@@ -54,7 +53,7 @@ class StateSync(ABC):
         pass
 
     def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
-        return contribute(ctx, theta, counted=False)
+        return Message()
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         return {}
@@ -83,7 +82,7 @@ class PersistLocal(StateSync):
 
     def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
         ctx.store.put(ctx.client_id, STORE_KEY, theta)
-        return contribute(ctx, theta, counted=False)
+        return Message()
 
     def client_state_bytes(self, theta_bytes: int) -> int:
         return theta_bytes
@@ -99,7 +98,7 @@ class AverageWarmstart(StateSync):
             optimizer.import_theta(ctx.sync_state)
 
     def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
-        return contribute(ctx, theta, counted=True)
+        return upload(ctx, theta)
 
     @torch.no_grad()
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:

@@ -15,7 +15,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
-  counted at that state's size), the optimizer's Theta (counted at the whole optimizer state), and for the LoRA
+  counted at that state's size), the optimizer's Theta for the drift metric and, when the state-sync rule averages
+  it, once more (each counted at the whole optimizer state), and for the LoRA
   product rules (FedEx-LoRA, FLoRA, FlexLoRA) the dense (out x in) product B A of every adapted layer.
 * client products -- those rules' one client's dense products in fp32 while its message is formed.
 * gathered updates -- robust rules that gather (median, trimmed mean, Krum...) keep every participant's update:
@@ -274,10 +275,11 @@ def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
     from ..server.lora import ProductAggregator
 
     algo, shared = trainer.algorithm, run.global_params
-    # every state-sync rule sums the clients' optimizer Theta (warm start, or the drift diagnostic): at most the
-    # whole optimizer state, which is what a plan can know before the optimizer exists
+    # the drift metric sums the clients' optimizer Theta, and a state-sync rule that averages it sums it once more:
+    # each at most the whole optimizer state, which is what a plan can know before the optimizer exists
+    theta_sums = 2 if algo.state_sync.averages_theta else 1
     summed = (num_bytes(shared) + num_bytes(run.global_buffers) + algo.correction.client_state_bytes(shared)
-              + optimizer_bytes)
+              + theta_sums * optimizer_bytes)
     products = 0
     if isinstance(algo.server_rule.aggregator, ProductAggregator):  # each client sends its dense B A
         products = sum(4 * shared[b].shape[0] * shared[a].shape[1] for a, b in lora_pairs(shared).items())

@@ -9,7 +9,7 @@ import torch
 from fedhf.core.sums import RoundSums
 from fedhf.core.context import ClientContext
 from fedhf.core.client_store import ClientStateStore
-from fedhf.metrics import drift, spectral_drift
+from fedhf.metrics import drift, drift_message, spectral_drift
 from fedhf.sync import AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, low_rank
 from fedhf.optim import SOAP, Sophia
 
@@ -68,10 +68,11 @@ def _ctx(sums=None, store=None, weight=1.0, client=0, sync_state=None):
 
 
 def _contributed(thetas, weights):
-    """The round's sums after each client contributed its Theta (Reset: drift diagnostics only) and weight."""
+    """The round's drift sums after each client contributed its Theta and weight."""
     sums = RoundSums()
     for theta, w in zip(thetas, weights):
-        sums.add_message(Reset().client_end(_ctx(weight=w), theta))  # the message carries w
+        sums.add_message(drift_message(theta, w))
+        sums.add("w", w)
     return sums
 
 
@@ -118,7 +119,7 @@ def test_reset_uploads_nothing_average_warmstart_counts_theta_and_averages_it():
     theta = {"v:a": torch.ones(3)}
     sums = RoundSums()
     ctx = _ctx(sums)
-    assert Reset().client_end(ctx, theta).nbytes == 0  # a diagnostic contribution only
+    assert not Reset().client_end(ctx, theta)  # sends nothing (the drift metric is a round hook's)
     sums, rule = RoundSums(), AverageWarmstart()
     for w, value in ((1.0, 1.0), (3.0, 5.0)):
         ctx = _ctx(sums, weight=w)
