@@ -24,6 +24,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from fedhf import FederatedConfig, FederatedTrainer
+from fedhf.data import bundled_gemma
 from fedhf.data.demo import TWEET_LABELS, load_tweet_instructions, minilm_path, subsample, tiny_llama
 from fedhf.data.sft import SFTCollator, tokenize_sft
 from fedhf.metrics import GenerationEvalCallback
@@ -37,7 +38,8 @@ RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_smollm2_l
 @dataclass
 class SFTArguments:
     model_name_or_path: str = field(default="HuggingFaceTB/SmolLM2-360M-Instruct",
-                                    metadata={"help": f"A Hub causal LM, or {BUNDLED_MODEL} (offline)."})
+                                    metadata={"help": f"A Hub causal LM, or {BUNDLED_MODEL} / {bundled_gemma.NAME} "
+                                                      "(offline; the latter with fedhf[llm-demo])."})
     dataset: str = field(default="databricks/databricks-dolly-15k",
                          metadata={"help": f"A Hub instruction dataset (dolly layout), or {BUNDLED_DATA} (offline)."})
     train_rows: int = field(default=4000, metadata={"help": "Training rows split over the clients."})
@@ -121,6 +123,8 @@ def main(argv=None) -> dict:
     parser = HfArgumentParser((FederatedConfig, SFTArguments))
     parser.set_defaults(**recipe)
     args, extras = parser.parse_args_into_dataclasses(args=rest)
+    if extras.model_name_or_path == bundled_gemma.NAME:  # the pretrained Gemma-3-270M, built once into a cache
+        extras.model_name_or_path = bundled_gemma.gemma_3_270m_path()
     check_offline(extras)  # before any download, model or file
     if extras.dataset == BUNDLED_DATA and args.partition_column == "category":
         args.partition_column = "label"  # the tweets' sentiment is their category

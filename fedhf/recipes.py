@@ -26,10 +26,12 @@ import yaml
 
 from .runtime.hardware import cpu_has_bf16_matmul
 from .trainer.config import FederatedConfig
+from .data import bundled_gemma
 from .data.demo import load_digits_images, load_tweet_instructions, load_tweets, minilm_path, subsample
 from .metrics import accuracy_metrics
 
-BUNDLED_MODELS: Dict[str, Callable[[], str]] = {"bundled-minilm": minilm_path}
+BUNDLED_MODELS: Dict[str, Callable[[], str]] = {"bundled-minilm": minilm_path,
+                                                bundled_gemma.NAME: bundled_gemma.gemma_3_270m_path}
 LOCAL_DATA_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _TRUE = {"1", "ON", "YES", "TRUE"}
 

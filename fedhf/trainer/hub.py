@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import yaml
 
+from ..data.bundled_gemma import bundled_origin
 from ..metrics.history import is_quality_metric
 from ..state.checkpoint import PREFIX
 
@@ -148,28 +149,43 @@ def _version() -> str:
     return __version__
 
 
-def hub_base_model(model) -> Optional[str]:
-    """The base model's Hub id, or None when it was loaded from a local folder (a path is never published).
-    For a peft model, the adapter's ``base_model_name_or_path``; otherwise the config's ``_name_or_path``."""
+def _base_name(model) -> Optional[str]:
+    """For a peft model, the adapter's ``base_model_name_or_path``; otherwise the config's ``_name_or_path``."""
     peft_config = getattr(model, "peft_config", None)  # peft models only
     if isinstance(peft_config, dict) and peft_config:
-        name = next(iter(peft_config.values())).base_model_name_or_path
-    else:
-        config = getattr(model, "config", None)
-        name = getattr(config, "_name_or_path", None) if config is not None else None
+        return next(iter(peft_config.values())).base_model_name_or_path
+    config = getattr(model, "config", None)
+    return getattr(config, "_name_or_path", None) if config is not None else None
+
+
+def hub_base_model(model) -> Optional[str]:
+    """The base model's Hub id, or None when it was loaded from a local folder (a path is never published), except
+    a bundled model's cache folder, which names the Hub model it was built from (fedhf/data/bundled_gemma.py)."""
+    name = _base_name(model)
+    if name and os.path.isdir(name) and bundled_origin(name):
+        return bundled_origin(name)["base_model"]
     if not name or os.path.isabs(name) or os.path.exists(name) or name.startswith((".", "~")):
         return None
     return name
 
 
+def base_model_license(model) -> Optional[str]:
+    """The base model's license when fedhf knows it (a bundled model's), for the card's ``license``."""
+    name = _base_name(model)
+    origin = bundled_origin(name) if name and os.path.isdir(name) else None
+    return origin["license"] if origin else None
+
+
 def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str],
-               saved: Optional[SavedModel] = None) -> str:
+               saved: Optional[SavedModel] = None, license: Optional[str] = None) -> str:
     """The whole card: metadata (``library_name: peft`` for an adapter, as peft writes it: it drives the Hub's
     loading snippet), a title, and the federated section."""
     library = "peft" if saved is not None and saved.kind == "adapter" else "transformers"
     metadata = {"library_name": library, "tags": list(FEDERATED_TAGS) + [algorithm.name]}
     if base_model:
         metadata["base_model"] = base_model
+    if license:  # the base model's terms apply to what is trained from it
+        metadata["license"] = license
     title = f"# {os.path.basename(os.path.normpath(args.output_dir))}"
     origin = (f"a fine-tuned version of [{base_model}](https://huggingface.co/{base_model})" if base_model
               else "a fine-tuned model (its base model was loaded from a local folder)")
@@ -183,7 +199,8 @@ def write_model_card(directory: str, args, algorithm, partition_summary: dict, h
     """Write ``directory``/README.md (replacing peft's or Trainer's); returns its path."""
     path = os.path.join(directory, "README.md")
     with open(path, "w") as f:
-        f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model), saved))
+        f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model), saved,
+                           base_model_license(model)))
     return path
 
 

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from fedhf import FederatedConfig
-from fedhf.trainer.hub import hub_base_model
+from fedhf.data import bundled_gemma
+from fedhf.trainer.hub import base_model_license, hub_base_model
 
 from tests.helpers import config, digit_trainer, lora_minilm, tiny_resnet, tweet_trainer
 
@@ -25,6 +26,20 @@ def test_base_model_is_a_hub_id_or_nothing(minilm):
     model.peft_config["default"].base_model_name_or_path = HUB_ID
     assert hub_base_model(model) == HUB_ID
     assert hub_base_model(tiny_resnet()) is None
+
+
+def test_a_model_from_the_bundled_gemma_cache_names_gemma_and_its_license(minilm, tmp_path):
+    """A cache folder fedhf built (its manifest) is published as the Hub model it came from, with its license;
+    any other local folder stays unnamed."""
+    model = lora_minilm(minilm)
+    folder = tmp_path / bundled_gemma.NAME
+    folder.mkdir()
+    model.peft_config["default"].base_model_name_or_path = str(folder)
+    assert hub_base_model(model) is None and base_model_license(model) is None
+    (folder / bundled_gemma.MANIFEST).write_text(
+        '{"base_model": "google/gemma-3-270m", "license": "gemma", "files": {}}')
+    assert hub_base_model(model) == "google/gemma-3-270m"
+    assert base_model_license(model) == "gemma"
 
 
 def test_save_model_writes_the_federated_card_beside_the_adapter(minilm, tweets, tokenizer, tmp_path):
