@@ -63,8 +63,8 @@ def sha256_of(path: str) -> str:
 
 
 def _file_records(folder: str) -> Dict[str, dict]:
-    return {name: {"bytes": os.path.getsize(os.path.join(folder, name)), "sha256": sha256_of(os.path.join(folder, name))}
-            for name in sorted(os.listdir(folder)) if name != MANIFEST}
+    paths = {name: os.path.join(folder, name) for name in sorted(os.listdir(folder)) if name != MANIFEST}
+    return {name: {"bytes": os.path.getsize(path), "sha256": sha256_of(path)} for name, path in paths.items()}
 
 
 def cache_is_valid(folder: str) -> bool:
