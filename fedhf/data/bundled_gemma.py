@@ -15,7 +15,6 @@ rebuilt. Two processes that build it at once take turns on a lock file: the seco
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import importlib
 import importlib.metadata
 import json
@@ -23,6 +22,8 @@ import os
 import shutil
 import tempfile
 from typing import Dict, Optional
+
+from ..runtime.files import sha256_of
 
 NAME = "bundled-gemma-3-270m"
 BASE_MODEL = "google/gemma-3-270m"  # what a model card names as the base model
@@ -52,14 +53,6 @@ def check_installed() -> None:
         raise ImportError(f"`{NAME}` needs the package gguf (transformers' GGUF reader): {EXTRA}") from None
     if version != PACKAGE_VERSION:
         raise ImportError(f"`{NAME}` is built from {PACKAGE}=={PACKAGE_VERSION}, found {version}: {EXTRA}")
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _file_records(folder: str) -> Dict[str, dict]:

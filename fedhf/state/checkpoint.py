@@ -13,7 +13,6 @@ reporting integrations that upload ``output_dir/checkpoint-{global_step}`` find 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..core.params import TensorDict
+from ..runtime.files import sha256_of
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -36,14 +36,6 @@ _NAME = re.compile(re.escape(PREFIX) + r"(?:round-)?(\d+)")
 
 class CheckpointError(ValueError):
     pass
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_checkpoint(directory: str, groups: Dict[str, TensorDict], meta: dict,
@@ -63,7 +55,7 @@ def save_checkpoint(directory: str, groups: Dict[str, TensorDict], meta: dict,
     for root, _, names in os.walk(tmp):
         for name in names:
             relative = os.path.relpath(os.path.join(root, name), tmp)
-            files[relative] = _sha256(os.path.join(tmp, relative))
+            files[relative] = sha256_of(os.path.join(tmp, relative))
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump({"format": FORMAT, "files": files}, f, indent=1)
     if os.path.exists(directory):
@@ -91,7 +83,7 @@ def load_checkpoint(directory: str, device: str = "cpu") -> Tuple[Dict[str, Tens
         path = os.path.join(directory, name)
         if os.path.isabs(name) or ".." in name.split(os.sep) or not os.path.isfile(path):
             raise CheckpointError(f"Checkpoint file {path} is missing. {fix}")
-        if _sha256(path) != expected:
+        if sha256_of(path) != expected:
             raise CheckpointError(f"Checkpoint file {path} is corrupted or truncated (checksum mismatch). {fix}")
     groups = {}
     for name in files:

@@ -161,9 +161,9 @@ def _base_name(model) -> Optional[str]:
 def hub_base_model(model) -> Optional[str]:
     """The base model's Hub id, or None when it was loaded from a local folder (a path is never published), except
     a bundled model's cache folder, which names the Hub model it was built from (fedhf/data/bundled_gemma.py)."""
-    name = _base_name(model)
-    if name and os.path.isdir(name) and bundled_origin(name):
-        return bundled_origin(name)["base_model"]
+    name, origin = _base_name(model), _bundled_origin(model)
+    if origin:
+        return origin["base_model"]
     if not name or os.path.isabs(name) or os.path.exists(name) or name.startswith((".", "~")):
         return None
     return name
@@ -171,9 +171,13 @@ def hub_base_model(model) -> Optional[str]:
 
 def base_model_license(model) -> Optional[str]:
     """The base model's license when fedhf knows it (a bundled model's), for the card's ``license``."""
-    name = _base_name(model)
-    origin = bundled_origin(name) if name and os.path.isdir(name) else None
+    origin = _bundled_origin(model)
     return origin["license"] if origin else None
+
+
+def _bundled_origin(model) -> Optional[dict]:
+    name = _base_name(model)
+    return bundled_origin(name) if name and os.path.isdir(name) else None
 
 
 def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str],
