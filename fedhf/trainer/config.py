@@ -119,6 +119,7 @@ class FederatedConfig(TrainingArguments):
 
         batched_clients (`int`, defaults to `1`): clients trained at once on the one resident base.
         client_parallel (`bool`, defaults to `False`): all processes train each client together.
+        logits_at_labels_only (`bool`, defaults to `True`): a causal LM's head and loss only where a label is.
 
         > Evaluation
 
@@ -264,6 +265,12 @@ class FederatedConfig(TrainingArguments):
         metadata={"help": "With several processes: all of them train each sampled client together, its batches split "
                           "across processes and the gradients all-reduced per step (fedhf/trainer/client_parallel.py), "
                           "instead of spreading the clients over the processes."})
+    logits_at_labels_only: bool = field(
+        default=True,
+        metadata={"help": "A causal LM computes its vocabulary projection and loss only at the positions whose next "
+                          "token has a label (fedhf/runtime/labelled_logits.py): the same loss and gradients, far "
+                          "fewer logits in SFT. False: every position's logits (a compute_loss override that reads "
+                          "them). FederatedSFTTrainer keeps them all: trl's token metrics read every logit."})
     average_tokens_across_devices: bool = field(
         default=False,
         metadata={"help": "Kept off: local steps never all-reduce gradients, so there is nothing to average across "

@@ -125,6 +125,8 @@ class FederatedSFTTrainer(FederatedTrainer, SFTTrainer):
         trainer.train()
     """
 
+    reads_every_logit = True  # trl's token metrics (entropy, mean_token_accuracy) read every position's logits
+
     def __init__(self, model=None, args: FederatedSFTConfig = None, data_collator=None, train_dataset=None,
                  *trainer_args, client_partitions=None, **trainer_kwargs) -> None:
         if not isinstance(args, FederatedSFTConfig):

@@ -1,0 +1,45 @@
+"""A causal LM's head and loss computed only where a label is.
+
+In supervised fine-tuning most label tokens are ``-100`` (the prompt, the padding), yet a causal LM's forward
+projects every position onto the whole vocabulary before its loss drops those positions: for Gemma-3-270M
+(a 262,144-token vocabulary, 62 % of its parameters) and a 40-token row whose answer is 1-3 tokens, that
+projection and its float32 upcast are most of a step. transformers' models take ``logits_to_keep``, and a
+boolean ``(batch, sequence)`` mask keeps exactly its True positions (``slice_logits_to_keep``); their loss takes
+``shift_labels`` in place of shifting ``labels``. Given both, the model computes the same cross-entropy terms
+(the labelled positions are all it ever summed) over far fewer logits: the loss and its gradients are those of
+the full forward, up to float rounding (tests/runtime/test_labelled_logits.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Mapping
+
+import torch
+from transformers.loss.loss_utils import ForCausalLMLoss
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+IGNORE = -100
+
+
+def predicts_at_positions(model) -> bool:
+    """Whether ``model`` (a peft wrapper or a transformers model) is a causal LM whose forward slices its hidden
+    states with ``slice_logits_to_keep`` (which understands a boolean mask) and whose loss is the standard causal
+    LM cross-entropy (which reads ``shift_labels``). Anything else keeps its full forward."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward = inspect.unwrap(type(base).forward)  # under transformers' decorators
+    return (type(base).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+            and "slice_logits_to_keep" in forward.__code__.co_names
+            and base.loss_function is ForCausalLMLoss)
+
+
+def at_labelled_positions(inputs: Mapping) -> Mapping:
+    """``inputs`` with ``logits_to_keep`` (position t is kept when token t + 1 has a label) and ``shift_labels``
+    (those next tokens, in the mask's row-major order); unchanged when the labels are not per token or the caller
+    already chose positions."""
+    labels = inputs.get("labels")
+    if not torch.is_tensor(labels) or labels.ndim != 2 or "logits_to_keep" in inputs or "shift_labels" in inputs:
+        return inputs
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = labels[:, 1:].ne(IGNORE)
+    return {**inputs, "logits_to_keep": keep, "shift_labels": labels[:, 1:][keep[:, :-1]]}

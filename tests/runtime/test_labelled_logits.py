@@ -1,0 +1,77 @@
+"""The head only at labelled positions: the same loss and gradients as the full forward, on real tweets."""
+
+from __future__ import annotations
+
+import torch
+
+from fedhf.data.sft import SFTCollator
+from fedhf.runtime.labelled_logits import at_labelled_positions, predicts_at_positions
+from tests.helpers import config, lora_minilm, tiny_llama_lora, tweet_sft
+
+
+def _batch(tokenizer, rows: int = 6):
+    data = tweet_sft(tokenizer, n_train=rows, n_test=1)["train"]
+    batch = SFTCollator(tokenizer)([data[i] for i in range(rows)])
+    return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+
+
+def _loss_and_grads(model, inputs, **kwargs):
+    model.zero_grad()
+    out = model(**inputs, **kwargs)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_same_loss_and_gradients_as_every_position(tokenizer):
+    model = tiny_llama_lora(len(tokenizer))
+    torch.manual_seed(0)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # away from peft's zero start, so lora_A has a gradient too
+            param.data.normal_(0, 0.1)
+    batch = _batch(tokenizer)
+    assert batch["labels"].eq(-100).float().mean() > 0.5, "a SFT batch: prompts and padding carry no label"
+    for items in (None, batch["labels"][:, 1:].ne(-100).sum()):
+        extra = {} if items is None else {"num_items_in_batch": items}
+        full, full_grads = _loss_and_grads(model, batch, **extra)
+        kept, kept_grads = _loss_and_grads(model, at_labelled_positions(batch), **extra)
+        labelled = int(batch["labels"][:, 1:].ne(-100).sum())
+        assert kept.logits.shape == (labelled, full.logits.shape[-1])  # one row of logits per labelled token
+        assert full.logits.shape[:2] == batch["labels"].shape
+        torch.testing.assert_close(kept.loss, full.loss, rtol=1e-5, atol=1e-6)
+        for name, grad in full_grads.items():  # to 1e-5 of the tensor's largest gradient (float32 rounding)
+            assert grad.abs().max() > 0, name
+            assert (kept_grads[name] - grad).abs().max() <= 1e-5 * grad.abs().max(), name
+
+
+def test_left_alone_when_labels_are_not_per_token_or_positions_are_chosen():
+    rows = {"input_ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.tensor([0, 1])}
+    assert at_labelled_positions(rows) is rows
+    chosen = {"input_ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.ones(2, 4, dtype=torch.long),
+              "logits_to_keep": 1}
+    assert at_labelled_positions(chosen) is chosen
+
+
+def test_only_causal_lms_with_the_standard_loss(minilm, tokenizer):
+    assert predicts_at_positions(tiny_llama_lora(len(tokenizer)))
+    assert not predicts_at_positions(lora_minilm(minilm))  # a classifier: its logits are per row
+
+
+def test_the_trainer_trains_with_it_and_can_be_told_not_to(tokenizer, tmp_path):
+    from fedhf import FederatedTrainer
+
+    data = tweet_sft(tokenizer, n_train=24, n_test=8)
+    losses, projected = {}, {}
+    for flag in (True, False):
+        args = config(tmp_path / str(flag), logits_at_labels_only=flag, num_clients=2, clients_per_round=2,
+                      num_rounds=1, local_steps=2, per_device_train_batch_size=4, learning_rate=0.05)
+        trainer = FederatedTrainer(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=data["train"],
+                                   eval_dataset=data["test"], data_collator=SFTCollator(tokenizer))
+        assert trainer.labelled_logits is flag
+        rows = []  # the positions the vocabulary projection saw, per call
+        trainer.model.get_base_model().lm_head.register_forward_hook(
+            lambda module, args, out: rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+        trainer.train()
+        losses[flag] = (trainer.federated_history[-1]["train_loss"], trainer.evaluate()["eval_loss"])
+        projected[flag] = sum(rows)
+    assert projected[True] * 3 < projected[False]  # the answer tokens only: a few of each row's ~20-40
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-5)
