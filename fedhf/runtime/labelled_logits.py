@@ -16,6 +16,7 @@ import inspect
 from typing import Mapping
 
 import torch
+import torch.nn.functional as F
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -40,6 +41,20 @@ def at_labelled_positions(inputs: Mapping) -> Mapping:
     labels = inputs.get("labels")
     if not torch.is_tensor(labels) or labels.ndim != 2 or "logits_to_keep" in inputs or "shift_labels" in inputs:
         return inputs
+    keep = labelled_mask(labels)
+    return {**inputs, "logits_to_keep": keep, "shift_labels": labels[:, 1:][keep[:, :-1]]}
+
+
+def labelled_mask(labels: torch.Tensor) -> torch.Tensor:
+    """(batch, sequence) booleans: position t predicts a labelled token t + 1."""
     keep = torch.zeros_like(labels, dtype=torch.bool)
     keep[:, :-1] = labels[:, 1:].ne(IGNORE)
-    return {**inputs, "logits_to_keep": keep, "shift_labels": labels[:, 1:][keep[:, :-1]]}
+    return keep
+
+
+def row_losses_at(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Per row, the summed cross-entropy (fp32) of the logits a forward with ``logits_to_keep=keep`` returned
+    (one row of logits per kept position, in row-major order): what the full forward's per-row loss sums."""
+    tokens = F.cross_entropy(logits.float(), labels[:, 1:][keep[:, :-1]], reduction="none")
+    rows = keep.nonzero()[:, 0]
+    return torch.zeros(labels.shape[0], dtype=tokens.dtype, device=tokens.device).index_add(0, rows, tokens)

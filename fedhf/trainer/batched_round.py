@@ -23,6 +23,7 @@ import torch
 from ..core.sums import RoundSums
 from ..runtime.stacked_adapters import Routing, concat_batches, model_pad_id, per_client, row_losses, stacked_clients
 from ..core.context import ClientContext
+from ..runtime.labelled_logits import labelled_mask, row_losses_at
 from ..runtime.model_outputs import logits_of, loss_items
 from ..optim import ModelAccess
 from .runners import Runner
@@ -93,9 +94,12 @@ class BatchedClients(Runner):
             routing.segments = rows.segments
             inputs = trainer._prepare_inputs(batch)
             labels = inputs.pop("labels")
+            keep = labelled_mask(labels) if trainer.labelled_logits else None  # the head where labels are
             with trainer.autocast_smart_context_manager():
-                logits = logits_of(trainer.model(**inputs))
-            client_loss = per_client(row_losses(logits, labels, shifted), routing) / items.to(logits.device)
+                logits = logits_of(trainer.model(**inputs) if keep is None
+                                   else trainer.model(**inputs, logits_to_keep=keep))
+            losses = row_losses(logits, labels, shifted) if keep is None else row_losses_at(logits, labels, keep)
+            client_loss = per_client(losses, routing) / items.to(logits.device)
             trainer.accelerator.backward(client_loss.sum())
             step_loss += client_loss.detach().double().cpu()
         return step_loss

@@ -82,8 +82,11 @@ def _overridden_loss(s: Setup) -> List[str]:
     """The shared pass computes each client's loss from the logits (the model's plain mean) and never calls
     ``compute_loss`` or ``training_step``; an override of either (a user's, or trl's SFTTrainer's: its ``dft`` loss,
     MoE auxiliary loss and token metrics) would be skipped silently, so it is refused."""
+    from .federated_trainer import FederatedTrainer  # which imports this table
+
     cls = type(s.trainer)
-    return [name for name in ("compute_loss", "training_step") if getattr(cls, name) is not getattr(Trainer, name)]
+    return [name for name in ("compute_loss", "training_step")
+            if getattr(cls, name) not in (getattr(Trainer, name), getattr(FederatedTrainer, name))]
 
 
 def _overridden_text(s: Setup) -> str:

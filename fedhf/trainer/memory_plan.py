@@ -27,15 +27,18 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   merged, built on a copy of the model (fedhf/trainer/outputs.py): one more model while a checkpoint is written.
 * activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
 * autocast copies -- under bf16/fp16 autocast of a wider model, the half-precision weight copies the forward keeps.
-* loss transient -- around a causal LM's loss the step briefly holds more logits-sized tensors than autograd saves
-  (the logits the output keeps, the gradients of the log-softmax and of the logits, a copy in the loss):
-  4 x T x V x the activation size, x C. Calibrated on the peak resident set of benchmarks/memory_plan.py (fresh
-  process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client beyond the other rows is 4.0-4.1 of
+* logits -- a causal LM's logits, usually its largest activation (Gemma-3-270M: V = 262,144 per position, more
+  than its 18 layers keep together): the logits autograd keeps, plus the more logits-sized tensors the step
+  briefly holds around the loss (the gradients of the log-softmax and of the logits, a copy in the loss), i.e.
+  (1 + 4) x P x V x the activation size, x C, for P logit positions: every token of the micro-batch, or with
+  ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py) the rows x the most labelled
+  tokens of any training row. The 4 transient tensors were calibrated on the peak resident set of
+  benchmarks/memory_plan.py (fresh process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client beyond the other rows is 4.0-4.1 of
   them for C = 1 to 16. A warm loop that reuses freed memory peaks lower (1.5-1.8 of them): the row is conservative.
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
-MLP width i and (causal LMs) vocabulary V::
+MLP width i and (causal LMs) vocabulary V (the V per logit position is the row "logits")::
 
     no checkpointing:        L (8 h + 4 i) + V + h
     gradient checkpointing:  L h + (8 h + 4 i) + V + h      (layer inputs kept, one layer recomputed at a time)
@@ -61,6 +64,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
 import datasets
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from peft import PeftModel
@@ -85,7 +90,7 @@ class MemoryPlan:
     stored_clients: int
     client_store_cap_bytes: Optional[int] = None
     activation_bytes_per_client: Optional[int] = None
-    transient_bytes_per_client: int = 0
+    logits_bytes_per_client: int = 0
     round_sums_bytes: int = 0
     product_bytes: int = 0
     gathered_bytes: int = 0
@@ -116,8 +121,8 @@ class MemoryPlan:
         return (self.activation_bytes_per_client or 0) * self.clients_at_once
 
     @property
-    def transient_bytes(self) -> int:
-        return self.transient_bytes_per_client * self.clients_at_once
+    def logits_bytes(self) -> int:
+        return self.logits_bytes_per_client * self.clients_at_once
 
     def rows(self) -> Dict[str, int]:
         return {"model": sum(self.model_bytes.values()), "adapter copies": self.adapter_copy_bytes,
@@ -127,7 +132,7 @@ class MemoryPlan:
                 "gathered updates": self.gathered_bytes, "best round": self.best_round_bytes,
                 "merged copy at save": self.merged_copy_bytes,
                 "activations": self.activation_bytes, "autocast copies": self.autocast_copy_bytes,
-                "loss transient": self.transient_bytes}
+                "logits": self.logits_bytes}
 
     @property
     def total_bytes(self) -> int:
@@ -153,7 +158,7 @@ class MemoryPlan:
             else f"{_mb(self.activation_bytes_per_client)} x {self.clients_at_once}",
             "autocast copies": "half-precision weight copies, once per forward" if self.autocast_copy_bytes
             else "none",
-            "loss transient": f"{_mb(self.transient_bytes_per_client)} x {self.clients_at_once}",
+            "logits": f"{_mb(self.logits_bytes_per_client)} x {self.clients_at_once} (kept, and 4 around the loss)",
         }
         lines = ["fedhf memory plan"] + [f"  {name:<20}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
         lines.append(f"  {'total':<20}{_mb(self.total_bytes):>12}")
@@ -249,7 +254,7 @@ def plan_memory(trainer, run) -> MemoryPlan:
         notes.append("a kept Theta is counted at the optimizer's whole state (an upper bound)")
     personal = sum(t.numel() * 4 for t in trainer.plan.personal.values())  # kept as fp32 snapshots
     per_client = algo.correction.client_state_bytes(run.global_params) + kept_theta + personal
-    activations, transient = _activation_bytes(trainer, notes)
+    activations, logits = _activation_bytes(trainer, notes)
     sums, products, gathered = _round_bytes(trainer, run, optimizer or 0)
     return MemoryPlan(
         model_bytes=model_bytes(model), trainable_bytes=num_bytes(trained), clients_at_once=args.batched_clients,
@@ -260,7 +265,7 @@ def plan_memory(trainer, run) -> MemoryPlan:
         if per_client else 0,
         client_store_cap_bytes=None if args.client_state_budget_mb is None
         else int(args.client_state_budget_mb * 2**20),
-        activation_bytes_per_client=activations, transient_bytes_per_client=transient,
+        activation_bytes_per_client=activations, logits_bytes_per_client=logits,
         round_sums_bytes=sums, product_bytes=products, gathered_bytes=gathered,
         autocast_copy_bytes=autocast_copy_bytes(model, args.bf16 or args.fp16),
         best_round_bytes=4 * sum(t.numel() for group in (run.global_params, run.global_buffers, trainer.plan.personal)
@@ -288,7 +293,7 @@ def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
 
 
 def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
-    """(activations, loss transient) of one client's micro-batch."""
+    """(activations, logits) of one client's micro-batch."""
     args, model, data = trainer.args, trainer.model, trainer.client_data.train_data
     lengths = _longest_row(data)
     if lengths is None:
@@ -298,15 +303,17 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     if not isinstance(model, PreTrainedModel):
         notes.append(f"activations not estimated: {type(model).__name__} is not a transformers model (no config)")
         return None, 0
-    logits = model.config.vocab_size if model.get_output_embeddings() is not None else 0
-    elements = activation_elements_per_token(model.config, args.activation_checkpointing, logits)
+    vocabulary = model.config.vocab_size if model.get_output_embeddings() is not None else 0
+    elements = activation_elements_per_token(model.config, args.activation_checkpointing, 0)
     if elements is None:
         notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
         return None, 0
     size = _floating_size(model)  # autocast does not shrink what is kept (module docstring)
     shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
-    tokens = lengths * -(-args.per_device_train_batch_size // shards)
-    return elements * size * tokens, 4 * logits * size * tokens
+    rows = -(-args.per_device_train_batch_size // shards)
+    labelled = _most_labels(data) if trainer.labelled_logits else None
+    positions = rows * (lengths if labelled is None else labelled)
+    return elements * size * rows * lengths, 5 * vocabulary * size * positions
 
 
 def _floating_size(model: torch.nn.Module) -> int:
@@ -321,6 +328,18 @@ def autocast_copy_bytes(model: torch.nn.Module, half_autocast: bool) -> int:
         return 0
     return sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
                and not m.weight.requires_grad and m.weight.is_floating_point() and m.weight.element_size() > 2)
+
+
+def _most_labels(data) -> Optional[int]:
+    """The most labelled next-token positions (``labels`` != -100 after a row's first token) of any row, read from
+    the Arrow column; None without a per-token ``labels`` column (then every position counts)."""
+    if "labels" not in data.column_names or not pa.types.is_list(data.data.column("labels").type):
+        return None
+    labels = data.data.column("labels").combine_chunks()
+    starts, ends = labels.offsets.to_numpy()[:-1], labels.offsets.to_numpy()[1:]
+    labelled = np.concatenate([[0], np.cumsum(labels.values.to_numpy(zero_copy_only=False) != -100)])
+    per_row = labelled[ends] - labelled[np.minimum(starts + 1, ends)]
+    return int(per_row.max()) if len(per_row) else 0
 
 
 def _longest_row(data) -> Optional[int]:

@@ -75,3 +75,19 @@ def test_the_trainer_trains_with_it_and_can_be_told_not_to(tokenizer, tmp_path):
         projected[flag] = sum(rows)
     assert projected[True] * 3 < projected[False]  # the answer tokens only: a few of each row's ~20-40
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-5)
+
+
+def test_per_row_losses_at_labelled_positions_equal_the_full_ones(tokenizer):
+    """What batched clients sum per client: each row's loss, from the labelled positions' logits only."""
+    from fedhf.runtime.labelled_logits import labelled_mask, row_losses_at
+    from fedhf.runtime.stacked_adapters import row_losses
+
+    model = tiny_llama_lora(len(tokenizer))
+    batch = _batch(tokenizer)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    keep = labelled_mask(batch["labels"])
+    with torch.no_grad():
+        full = row_losses(model(**inputs).logits, batch["labels"], shifted=True)
+        kept = row_losses_at(model(**inputs, logits_to_keep=keep).logits, batch["labels"], keep)
+    assert (full > 0).all()
+    torch.testing.assert_close(kept, full, rtol=1e-5, atol=1e-5)

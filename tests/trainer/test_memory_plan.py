@@ -54,11 +54,15 @@ def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, token
     # x^r plus SCAFFOLD's c (fp32); FedAvg's server rule keeps no state
     assert plan.run_state_bytes == 2 * 4 * lora_elements
     # activations, by hand for this tiny Llama (L=2 layers, h=64, MLP i=128, V=30,522 logits; fp32; no
-    # checkpointing): L (8 h + 4 i) + V + h elements per token, x 4 bytes x 4 rows x the longest row
+    # checkpointing): L (8 h + 4 i) + h elements per token, x 4 bytes x 4 rows x the longest row; the logits: V per
+    # logit position, kept and 4 more around the loss, at the labelled positions only (4 rows x the most labels
+    # of a row after its first token)
     tokens = 4 * max(len(row) for row in sft["train"]["input_ids"])
+    most_labels = max(sum(label != -100 for label in row[1:]) for row in sft["train"]["labels"])
+    assert 0 < most_labels < tokens // 8
     assert len(tokenizer) == 30522 and trainer.model.config.intermediate_size == 128
-    assert plan.activation_bytes == (2 * (8 * 64 + 4 * 128) + 30522 + 64) * 4 * tokens * batched
-    assert plan.transient_bytes == 4 * 30522 * 4 * tokens * batched  # 4 logits-sized fp32 tensors
+    assert plan.activation_bytes == (2 * (8 * 64 + 4 * 128) + 64) * 4 * tokens * batched
+    assert plan.logits_bytes == 5 * 30522 * 4 * 4 * most_labels * batched
     assert plan.autocast_copy_bytes == 0  # fp32, no autocast
     # the round's float64 sums, measured on RoundSums itself: dx, SCAFFOLD's dc and AdamW's exp_avg_sq (its
     # Theta) per LoRA element; the plan counts Theta at the whole AdamW state (8 bytes + a step per tensor)
@@ -124,7 +128,7 @@ def test_a_client_state_budget_caps_the_store_row(tmp_path, tokenizer, sft):
 
 
 def test_a_plan_over_the_budget_is_refused_before_anything_is_written(tmp_path, tokenizer, sft):
-    trainer = _trainer(tmp_path, tokenizer, sft, batched_clients=2, memory_budget_gb=0.02, partition_report=True)
+    trainer = _trainer(tmp_path, tokenizer, sft, batched_clients=2, memory_budget_gb=0.005, partition_report=True)
     before = trainable_state(trainer.model)
     with pytest.raises(ValueError, match="memory_budget_gb") as err:
         trainer.train()
