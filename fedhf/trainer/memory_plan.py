@@ -30,7 +30,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 * logits -- a causal LM's logits, usually its largest activation (Gemma-3-270M: V = 262,144 per position, more
   than its 18 layers keep together): the logits autograd keeps, plus the more logits-sized tensors the step
   briefly holds around the loss (the gradients of the log-softmax and of the logits, a copy in the loss), i.e.
-  (1 + 4) x P x V x the activation size, x C, for P logit positions: every token of the micro-batch, or with
+  (1 + 4) x P x V x 4 bytes (the loss upcasts the logits to fp32; what autograd keeps of them is that fp32 copy,
+  measured on Gemma-3-270M with a bf16 base as with an fp32 one), x C, for P logit positions: every token of the micro-batch, or with
   ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py) the rows x the most labelled
   tokens of any training row. The 4 transient tensors were calibrated on the peak resident set of
   benchmarks/memory_plan.py (fresh process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client beyond the other rows is 4.0-4.1 of
@@ -43,7 +44,9 @@ MLP width i and (causal LMs) vocabulary V (the V per logit position is the row "
     no checkpointing:        L (8 h + 4 i) + V + h
     gradient checkpointing:  L h + (8 h + 4 i) + V + h      (layer inputs kept, one layer recomputed at a time)
 
-times the model's parameter size, also under bf16/fp16 autocast: autograd then keeps half-precision copies of the
+times the model's parameter size (3 bytes for a bf16/fp16 base: its norms and the residual stream's upcasts keep
+fp32 copies; Gemma-3-270M with a bf16 base kept 1.31x the 2-byte count, so 3 bytes is an upper bound by 15 %),
+also under bf16/fp16 autocast of an fp32 model: autograd then keeps half-precision copies of the
 matmuls' inputs beside fp32 norms, residuals and the loss's fp32 log-softmax of the logits, and on top of them
 (row "autocast copies", once per forward) the half-precision copy of every frozen linear weight the forward
 multiplies with. Measured on fp32 tiny Llamas with LoRA under CPU bf16 autocast (5 shapes, 96-192 tokens), what
@@ -309,11 +312,12 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
         notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
         return None, 0
     size = _floating_size(model)  # autocast does not shrink what is kept (module docstring)
+    size = 3 if size < 4 else size  # a half-precision base keeps fp32 norms beside (module docstring)
     shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
     rows = -(-args.per_device_train_batch_size // shards)
     labelled = _most_labels(data) if trainer.labelled_logits else None
     positions = rows * (lengths if labelled is None else labelled)
-    return elements * size * rows * lengths, 5 * vocabulary * size * positions
+    return elements * size * rows * lengths, 5 * vocabulary * 4 * positions  # the loss's fp32 logits
 
 
 def _floating_size(model: torch.nn.Module) -> int:

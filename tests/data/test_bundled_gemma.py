@@ -95,12 +95,6 @@ def test_without_the_extra_the_name_fails_at_once_naming_it(monkeypatch):
     assert not os.path.exists("/nonexistent")
 
 
-@pytest.fixture(scope="session")
-def gemma_dir():
-    pytest.importorskip("gguf", reason="the llm-demo extra (pip install 'fedhf[llm-demo]')")
-    return bundled_gemma.gemma_3_270m_path()  # the shared cache: built once per machine
-
-
 def test_the_real_build_is_a_pretrained_gemma_that_plain_transformers_loads(gemma_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

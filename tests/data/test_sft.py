@@ -198,3 +198,29 @@ def test_a_packed_document_gives_the_logits_and_loss_it_gives_alone(bos_tokenize
             torch.testing.assert_close(logits[start:start + len(doc)], own.logits[0], rtol=1e-5, atol=1e-5)
             loss_sum, count = loss_sum + own.loss.item() * (len(doc) - 1), count + len(doc) - 1
     assert out.loss.item() == pytest.approx(loss_sum / count, rel=1e-5)
+
+
+def test_tokenising_never_pickles_the_tokenizer_and_its_settings_key_the_cache(tokenizer, monkeypatch):
+    """datasets keys a map's cache by hashing the function, which pickles the tokenizer it closes over (a minute for
+    Gemma's 262 K vocabulary); tokenize_sft gives the key itself, from what decides the result."""
+    import copy
+
+    import datasets.arrow_dataset
+
+    rows = datasets.Dataset.from_dict({"prompt": ["Tweet: a\nSentiment:"] * 3, "completion": [" positive"] * 3})
+    hashed = []
+    update = datasets.arrow_dataset.update_fingerprint
+
+    def spy(fingerprint, transform, transform_args):
+        functions = [v for v in transform_args.values() if callable(v) and getattr(v, "__closure__", None)]
+        hashed.extend(c.cell_contents for f in functions for c in f.__closure__)
+        return update(fingerprint, transform, transform_args)
+
+    monkeypatch.setattr(datasets.arrow_dataset, "update_fingerprint", spy)
+    first = tokenize_sft(rows, tokenizer, max_length=16)
+    assert not any(value is tokenizer for value in hashed)
+    assert first._fingerprint == tokenize_sft(rows, tokenizer, max_length=16)._fingerprint
+    assert first._fingerprint != tokenize_sft(rows, tokenizer, max_length=8)._fingerprint
+    other = copy.copy(tokenizer)
+    other.chat_template = "{{ messages }}"
+    assert first._fingerprint != tokenize_sft(rows, other, max_length=16)._fingerprint
