@@ -339,7 +339,7 @@ def _most_labels(data) -> Optional[int]:
     the Arrow column; None without a per-token ``labels`` column (then every position counts)."""
     if "labels" not in data.column_names or not pa.types.is_list(data.data.column("labels").type):
         return None
-    labels = data.data.column("labels").combine_chunks()
+    labels = _column(data, "labels").combine_chunks()
     starts, ends = labels.offsets.to_numpy()[:-1], labels.offsets.to_numpy()[1:]
     labelled = np.concatenate([[0], np.cumsum(labels.values.to_numpy(zero_copy_only=False) != -100)])
     per_row = labelled[ends] - labelled[np.minimum(starts + 1, ends)]
@@ -350,7 +350,13 @@ def _longest_row(data) -> Optional[int]:
     """The longest ``input_ids`` row of a datasets.Dataset (read from its Arrow column, without decoding rows)."""
     if not isinstance(data, datasets.Dataset) or "input_ids" not in data.column_names or len(data) == 0:
         return None
-    return int(pc.max(pc.list_value_length(data.data.column("input_ids"))).as_py())
+    return int(pc.max(pc.list_value_length(_column(data, "input_ids"))).as_py())
+
+
+def _column(data: datasets.Dataset, name: str) -> pa.ChunkedArray:
+    """A column of the dataset's rows: a ``select``/``shuffle`` keeps the whole table under an index mapping."""
+    column = data.data.column(name)
+    return column if data._indices is None else column.take(data._indices.column(0))
 
 
 __all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes", "plan_memory"]

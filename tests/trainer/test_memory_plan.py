@@ -206,3 +206,17 @@ def test_the_plan_bounds_what_autograd_keeps_under_bf16_autocast_of_an_fp32_mode
         assert measured > 1.05 * per_token * 2 * ids.numel()  # the old 2-bytes plan was below the measurement
     else:
         assert plan == pytest.approx(measured, rel=0.02)
+
+
+def test_the_plan_reads_the_rows_a_select_keeps_not_the_table_beneath():
+    """``select``/``shuffle`` keep the whole Arrow table under an index mapping: lengths and label counts come from
+    the rows kept."""
+    import datasets
+
+    from fedhf.trainer.memory_plan import _longest_row, _most_labels
+
+    rows = datasets.Dataset.from_dict({"input_ids": [[1] * 3, [1] * 9, [1] * 4],
+                                       "labels": [[-100, 5, 6], [-100] + [7] * 8, [-100, -100, -100, 8]]})
+    kept = rows.select([0, 2])
+    assert (_longest_row(rows), _most_labels(rows)) == (9, 8)
+    assert (_longest_row(kept), _most_labels(kept)) == (4, 2)
