@@ -18,13 +18,15 @@ The clients train from x_hat; the server's own x is put back before its update, 
 correction and sync states are compressed the same way. Every client is taken to hold the same x_hat (a broadcast
 channel), as the downlink count, per sampled client, assumes.
 
-Random draws (stochastic rounding, PowerSGD's first Q) come from a generator seeded by (seed, round, client,
-stream): nothing to checkpoint, and a resumed run draws the same numbers.
+Random draws (stochastic rounding, PowerSGD's first Q) come from a generator per tensor seeded by (seed, round,
+client, stream, tensor key): nothing to checkpoint, and a resumed run draws the same numbers.
 """
 
 from __future__ import annotations
 
+import math
 import time
+import zlib
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -48,7 +50,8 @@ class Compression(RoundHook):
         self.feedback = bool(error_feedback)
         self._server_groups: Dict[str, TensorDict] = {}  # the server's own groups while the clients hold x_hat
         self._broadcast_saving = 0  # dense - encoded bytes of one client's broadcast this round
-        self._seconds, self._error_sq, self._norm_sq = 0.0, 0.0, 0.0
+        self._seconds, self._error_sq, self._norm_sq = 0.0, [], []  # squares summed exactly (math.fsum): the
+        # sums must not depend on the order of the keys, which a resumed run reads sorted
 
     # ------------------------------------------------------------------ uplink
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:
@@ -58,9 +61,9 @@ class Compression(RoundHook):
         store, cid = ctx.store, ctx.client_id
         residuals = dict(store.get(cid, RESIDUAL) or {})
         states = dict(store.get(cid, STATE) or {})
-        generator = _generator(trainer.args.seed, ctx.round, cid, UPLINK_STREAM, trainer.model_device)
-        own = self._compress(sent.own, "", residuals, states, generator)
-        components = {ns: self._compress(m, ns, residuals, states, generator) for ns, m in sent.components.items()}
+        draws = _Draws(trainer.args.seed, ctx.round, cid, UPLINK_STREAM, trainer.model_device)
+        own = self._compress(sent.own, "", residuals, states, draws)
+        components = {ns: self._compress(m, ns, residuals, states, draws) for ns, m in sent.components.items()}
         if residuals:
             store.put(cid, RESIDUAL, residuals)
         if states:
@@ -69,7 +72,7 @@ class Compression(RoundHook):
         return ClientMessages(own, components, sent.theta)
 
     def _compress(self, message: Message, namespace: str, residuals: TensorDict, states: TensorDict,
-                  generator: torch.Generator) -> Message:
+                  draws: "_Draws") -> Message:
         out = Message(dict(message.tensors), message.nbytes, dict(message.dense))
         for key, dtype in message.dense.items():
             full = f"{namespace}.{key}" if namespace else key
@@ -78,7 +81,8 @@ class Compression(RoundHook):
             if compressor is None or x.ndim == 0 or not dtype.is_floating_point:
                 continue
             prior = residuals.get(full) if self.feedback else None
-            value, residual, encoded = compress_step(x, prior, compressor, generator, states.get(full), self.feedback)
+            value, residual, encoded = compress_step(x, prior, compressor, draws.of(full), states.get(full),
+                                                     self.feedback)
             out.tensors[key] = value
             out.nbytes += encoded.nbytes - x.numel() * _itemsize(dtype)
             out.dense.pop(key)  # now in its encoded form
@@ -87,8 +91,8 @@ class Compression(RoundHook):
             if encoded.state is not None:
                 states[full] = encoded.state
             compressed = x if prior is None else x + prior  # what the compressor was given
-            self._error_sq += float((compressed - value).pow(2).sum())
-            self._norm_sq += float(compressed.pow(2).sum())
+            self._error_sq.append(float((compressed - value).pow(2).sum()))
+            self._norm_sq.append(float(compressed.pow(2).sum()))
         return out
 
     # ------------------------------------------------------------------ downlink
@@ -97,17 +101,16 @@ class Compression(RoundHook):
         if not self.downlink.active:
             return
         start = time.perf_counter()
-        generator = _generator(trainer.args.seed, run.rounds_done, 0, DOWNLINK_STREAM, trainer.model_device)
+        draws = _Draws(trainer.args.seed, run.rounds_done, 0, DOWNLINK_STREAM, trainer.model_device)
         for group, prefix in BROADCAST:
             server = getattr(run, group)
-            held, saving = self._held(server, prefix, run.compression_state, generator)
+            held, saving = self._held(server, prefix, run.compression_state, draws)
             self._server_groups[group] = server
             setattr(run, group, held)
             self._broadcast_saving += saving
         self._seconds += time.perf_counter() - start
 
-    def _held(self, server: TensorDict, prefix: str, state: TensorDict,
-              generator: torch.Generator) -> Tuple[TensorDict, int]:
+    def _held(self, server: TensorDict, prefix: str, state: TensorDict, draws: "_Draws") -> Tuple[TensorDict, int]:
         """What the clients hold after this round's broadcast of one group, and the bytes it saved."""
         held, saving = dict(server), 0
         for name, x in server.items():
@@ -120,7 +123,7 @@ class Compression(RoundHook):
                 state[f"held.{key}"] = x.detach().clone()
                 continue
             base = previous.to(torch.float64) if self.feedback else 0.0
-            sent, _, encoded = compress_step(x.to(torch.float64) - base, None, compressor, generator,
+            sent, _, encoded = compress_step(x.to(torch.float64) - base, None, compressor, draws.of(key),
                                              state.get(f"q.{key}"), feedback=False)
             held[name] = state[f"held.{key}"] = (base + sent).to(x.dtype)
             if encoded.state is not None:
@@ -141,13 +144,23 @@ class Compression(RoundHook):
         if not (self.uplink.active or self.downlink.active):
             return
         entry["compression_seconds"] = self._seconds  # this process's encode + decode time this round
-        if self._norm_sq > 0:
-            entry["uplink_compression_rel_error"] = (self._error_sq / self._norm_sq) ** 0.5
-        self._seconds, self._error_sq, self._norm_sq = 0.0, 0.0, 0.0
+        norm_sq = math.fsum(self._norm_sq)
+        if norm_sq > 0:
+            entry["uplink_compression_rel_error"] = (math.fsum(self._error_sq) / norm_sq) ** 0.5
+        self._seconds, self._error_sq, self._norm_sq = 0.0, [], []
 
 
-def _generator(seed: int, round_index: int, client: int, stream: int, device) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(stream_seed(seed, round_index, client, stream))
+class _Draws:
+    """One generator per tensor, seeded by (seed, round, client, stream, the key's CRC-32): the draws do not depend
+    on the order tensors come in (a resumed run's dicts are in the checkpoint's sorted order) nor on which other
+    tensors are compressed."""
+
+    def __init__(self, seed: int, round_index: int, client: int, stream: int, device) -> None:
+        self.keys, self.device = (seed, round_index, client, stream), device
+
+    def of(self, key: str) -> torch.Generator:
+        seed = stream_seed(*self.keys, zlib.crc32(key.encode()))
+        return torch.Generator(device=self.device).manual_seed(seed)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
