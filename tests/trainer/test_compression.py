@@ -130,3 +130,37 @@ def test_a_killed_run_with_feedback_state_resumes_bit_for_bit(tmp_path):
     strip = [[{k: v for k, v in h.items() if not k.endswith(("_runtime", "_per_second", "_preparation_time",
                                                               "compression_seconds"))} for h in run] for run in history]
     assert strip[0] == strip[1]
+
+
+def _server(x):
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(global_params={"w": x.clone()}, correction_state={}, sync_state={}, compression_state={},
+                          rounds_done=0)
+    trainer = SimpleNamespace(args=SimpleNamespace(seed=0), model_device="cpu")
+    return run, trainer
+
+
+@pytest.mark.parametrize("feedback", [True, False])
+def test_the_downlink_held_model_catches_up_only_with_feedback(feedback):
+    """A fixed server model x, top-k 25 %: with feedback the clients' x_hat gains the next largest quarter of
+    x - x_hat every round, so after the dense first broadcast and 4 more it is x bit for bit; without feedback it
+    stays top-k(x). The server's own x is back in place after every round's sums, and the broadcast costs the
+    encoded bytes."""
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    run, trainer = _server(x)
+    hook = Compression(None, "topk:0.25", feedback)
+    dense = 4 * x.numel()
+    for r in range(6):
+        hook.before_round(trainer, run)
+        held = run.global_params["w"]
+        assert hook.broadcast_bytes(trainer, run, dense) == (dense if r == 0 else 8 * 16)  # 16 values + indices
+        hook.after_sums(trainer, run, None)
+        assert torch.equal(run.global_params["w"], x)  # the server updates its own model
+        run.rounds_done += 1
+        if r == 0:
+            assert torch.equal(held, x)  # the first broadcast is dense
+    if feedback:
+        assert torch.equal(held, x)
+    else:
+        assert int((held != 0).sum()) == 16 and not torch.equal(held, x)
