@@ -80,7 +80,8 @@ def summary(records: list) -> dict:
     accuracy, loss = [h["eval_accuracy"] for h in last], [h["eval_loss"] for h in last]
     return {"accuracy": float(np.mean(accuracy)), "accuracy_std": float(np.std(accuracy)), "seeds": len(records),
             "eval_loss": float(np.mean(loss)), "eval_loss_std": float(np.std(loss)),
-            "uplink_MB": float(np.mean([h["uplink_MB"] for h in last])), "compress_s_per_round": float(np.mean(seconds)),
+            "uplink_MB": float(np.mean([h["uplink_MB"] for h in last])),
+            "compress_s_per_round": float(np.mean(seconds)),
             "rel_error": float(np.mean(errors)) if errors else 0.0,
             "wall_s": float(np.mean([r["wall_s"] for r in records]))}
 

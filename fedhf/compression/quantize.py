@@ -4,8 +4,8 @@ rounding (int8, int4).
 Blockwise quantisation (Dettmers et al., "8-bit Optimizers via Block-wise Quantization", ICLR 2022,
 arXiv:2110.02861) splits the flattened tensor into blocks of ``block`` values and scales each block by its own
 absolute maximum, so one outlier costs the precision of its block only. Each block is sent as ``block`` signed
-codes q in [-L, L] (L = 2^(b-1) - 1: 127 for 8 bits, 7 for 4 bits, 1 for 2 bits; 8/b codes per byte) plus one fp32 scale s = absmax/L;
-it decodes to q s. Bytes: ceil(n b / 8) + 4 ceil(n / block).
+codes q in [-L, L] (L = 2^(b-1) - 1: 127 for 8 bits, 7 for 4 bits, 1 for 2 bits; 8/b codes per byte) plus one
+fp32 scale s = absmax/L; it decodes to q s. Bytes: ceil(n b / 8) + 4 ceil(n / block).
 
 The codes are rounded *stochastically*: y = x / s rounds up with probability y - floor(y), so E[q s] = x exactly
 (unbiased; Alistarh et al., QSGD, NeurIPS 2017, arXiv:1610.02132) and every entry is off by less than one step s.

@@ -44,7 +44,7 @@ class RunState:
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar of average_warmstart / compressed_average
     personal_init: TensorDict = field(default_factory=dict)  # personal tensors at the start (fedhf/sharing/plan.py)
     base_params: TensorDict = field(default_factory=dict)  # frozen base weights a server rule folds into (FedEx-LoRA)
-    compression_state: TensorDict = field(default_factory=dict)  # the downlink's x_hat, PowerSGD's Q (trainer/compression.py)
+    compression_state: TensorDict = field(default_factory=dict)  # downlink x_hat, PowerSGD Q (trainer/compression.py)
     rounds_done: int = 0
     uplink_bytes: float = 0.0
     downlink_bytes: float = 0.0

@@ -279,7 +279,8 @@ class FederatedConfig(TrainingArguments):
     uplink_compression: str = field(
         default="none",
         metadata={"help": f"Compression of what each client sends: a compressor for every tensor (one of: "
-                          f"{_choices(COMPRESSORS.names())}; arguments int8:<block>, topk:<fraction>, powersgd:<rank>) or "
+                          f"{_choices(COMPRESSORS.names())}; arguments int8:<block>, topk:<fraction>, "
+                          "powersgd:<rank>) or "
                           "comma-separated `selector=compressor` rules, the first match winning, selectors a LoRA role "
                           "(lora_A, lora_B, head, norm) or a pattern on the message key (dx.*, correction.*, "
                           "sync.theta.*, server.*), e.g. 'lora_A=int8,lora_B=int4,correction.*=bf16'. The uplink "
