@@ -56,7 +56,11 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS])
     parser.add_argument("--out", default=os.path.join(HERE, "compression_runs"))
     parser.add_argument("--report-only", action="store_true", help="report the stored runs; train nothing")
+    parser.add_argument("--timing", action="store_true", help="only time each compressor on one large matrix")
     args = parser.parse_args()
+    if args.timing:
+        print(timing())
+        return
     budgets = {"compression": {"tweets": dict(BUDGET, num_rounds=args.rounds, eval_every_rounds=args.rounds)}}
     runner, start = Runner(args.out), time.perf_counter()
     variants = [v for v in VARIANTS if v[0] in args.variants]
@@ -70,6 +74,49 @@ def main() -> None:
                 if record is not None:
                     results.setdefault((algorithm, name), []).append(record)
     print(report(results, args, time.perf_counter() - start))
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return f"{names[0]}, {os.cpu_count()} cores" if names else platform.machine()
+    except OSError:
+        return platform.machine()
+
+
+def timing(shape=(2048, 2048), repeats: int = 3) -> str:
+    """Encode + decode seconds of each compressor on one float64 matrix (a 7B model's layer is 4096 x 4096: x4),
+    best of ``repeats``, on this machine's CPU (and its GPU when there is one)."""
+    import torch
+
+    from fedhf.compression import build_compressor
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    lines = [f"compressor time, encode + decode of a {shape[0]} x {shape[1]} matrix, best of {repeats}; "
+             f"torch threads {torch.get_num_threads()}, {cpu_name()} (shared with other work)",
+             "| compressor | " + " | ".join(f"{d} s" for d in devices) + " | bytes | ratio vs fp32 |",
+             "|---|" + "---|" * (len(devices) + 2)]
+    for spec in ("bf16", "int8", "int4", "int2", "topk:0.01", "topk:0.1", "powersgd:4"):
+        cells, nbytes = [], 0
+        for device in devices:
+            x = torch.randn(shape, dtype=torch.float64, device=device)
+            generator = torch.Generator(device=device).manual_seed(0)
+            compressor, best = build_compressor(spec), float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                encoded = compressor.encode(x, generator)
+                compressor.decode(encoded)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - start)
+            cells.append(f"{best:.3f}")
+            nbytes = encoded.nbytes
+        lines.append(f"| {spec} | " + " | ".join(cells) + f" | {nbytes:,} | {4 * x.numel() / nbytes:.1f}x |")
+    text = "\n".join(lines)
+    with open(os.path.join(HERE, "compression_timing.txt"), "w") as f:
+        f.write(text + "\n")
+    return text
 
 
 def summary(records: list) -> dict:
@@ -91,7 +138,7 @@ def report(results: dict, args, wall: float) -> str:
     lines = [f"# Compression on tweets (MiniLM-L6 + LoRA r8), {args.rounds} rounds x {BUDGET['local_steps']} local "
              f"steps, 5 of 20 clients, Dirichlet {BUDGET['dirichlet_alpha']}, {BUDGET['train_rows']} training rows, "
              f"{BUDGET['eval_rows']} test rows",
-             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared); "
+             f"machine: {cpu_name()} (shared with other work), 1 torch thread; "
              f"total wall {wall / 60:.1f} min", "",
              "| algorithm | variant | seeds | accuracy | eval loss | uplink MB | MB ratio vs fp32 | compress s/round | "
              "rel. error |", "|---|---|---|---|---|---|---|---|---|"]
