@@ -33,7 +33,7 @@ import torch
 
 from ..compression import CompressionPlan, compress_step, parse_plan
 from ..core.message import Message
-from ..core.params import TensorDict, num_bytes
+from ..core.params import TensorDict
 from ..core.schedule import stream_seed
 from .hooks import ClientMessages, RoundHook
 
