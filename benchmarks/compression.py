@@ -133,34 +133,46 @@ def summary(records: list) -> dict:
             "wall_s": float(np.mean([r["wall_s"] for r in records]))}
 
 
+def paired(records: list, base: list, key: str) -> float:
+    """Mean over the seeds both have of (fp32's final ``key`` - this variant's): the drop, same seeds, same splits."""
+    final = {r["settings"]["seed"]: r["history"][-1][key] for r in records}
+    reference = {r["settings"]["seed"]: r["history"][-1][key] for r in base}
+    shared = sorted(set(final) & set(reference))
+    return float(np.mean([reference[s] - final[s] for s in shared])) if shared else float("nan")
+
+
 def report(results: dict, args, wall: float) -> str:
     rows = {key: summary(records) for key, records in results.items()}
     lines = [f"# Compression on tweets (MiniLM-L6 + LoRA r8), {args.rounds} rounds x {BUDGET['local_steps']} local "
              f"steps, 5 of 20 clients, Dirichlet {BUDGET['dirichlet_alpha']}, {BUDGET['train_rows']} training rows, "
              f"{BUDGET['eval_rows']} test rows",
-             f"machine: {cpu_name()} (shared with other work), 1 torch thread; "
-             f"total wall {wall / 60:.1f} min", "",
-             "| algorithm | variant | seeds | accuracy | eval loss | uplink MB | MB ratio vs fp32 | compress s/round | "
-             "rel. error |", "|---|---|---|---|---|---|---|---|---|"]
+             f"machine: {cpu_name()} (shared with other work), 1 torch thread; uplink compressed, downlink fp32; "
+             f"wall of this invocation {wall / 60:.1f} min", "",
+             "| algorithm | variant | seeds | accuracy | acc. drop vs fp32 (same seeds) | eval loss | loss rise | "
+             "uplink MB | MB ratio vs fp32 | compress s/round | rel. error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    drops = {}
     for (algorithm, name), row in rows.items():
-        base = rows.get((algorithm, "fp32"))
+        base, base_records = rows.get((algorithm, "fp32")), results.get((algorithm, "fp32"), [])
         ratio = base["uplink_MB"] / row["uplink_MB"] if base else float("nan")
+        drops[algorithm, name] = paired(results[algorithm, name], base_records, "eval_accuracy")
+        rise = -paired(results[algorithm, name], base_records, "eval_loss")
         lines.append(f"| {algorithm} | {name} | {row['seeds']} | {row['accuracy']:.3f} +- {row['accuracy_std']:.3f} | "
-                     f"{row['eval_loss']:.3f} +- {row['eval_loss_std']:.3f} | "
-                     f"{row['uplink_MB']:.2f} | {ratio:.1f}x | {row['compress_s_per_round']:.3f} | "
+                     f"{drops[algorithm, name]:+.3f} | {row['eval_loss']:.3f} +- {row['eval_loss_std']:.3f} | "
+                     f"{rise:+.3f} | {row['uplink_MB']:.2f} | {ratio:.1f}x | {row['compress_s_per_round']:.3f} | "
                      f"{row['rel_error']:.3f} |")
     with open(os.path.join(HERE, "compression_result.json"), "w") as f:
-        json.dump({f"{a}/{n}": r for (a, n), r in rows.items()}, f, indent=1)
+        json.dump({f"{a}/{n}": {**r, "accuracy_drop_same_seeds": drops[a, n]} for (a, n), r in rows.items()}, f,
+                  indent=1)
     fedavg = next((a for a, _ in rows if a.startswith("fedavg")), None)
     base = rows.get((fedavg, "fp32"))
-    tail = ["compression_mb_ratio"]
-    drops = ["acc_drop"]
-    for name, key in (("int8", "int8"), ("int4", "int4"), ("topk1", "topk1")):
-        row = rows.get((fedavg, key))
+    tail, tail_drops = ["compression_mb_ratio"], ["acc_drop"]
+    for name in ("int8", "int4", "topk1"):
+        row = rows.get((fedavg, name))
         if base and row:
             tail.append(f"{name}={base['uplink_MB'] / row['uplink_MB']:.1f}x")
-            drops.append(f"{name}={base['accuracy'] - row['accuracy']:+.3f}")
-    lines += ["", " ".join(tail + drops)]
+            tail_drops.append(f"{name}={drops[fedavg, name]:+.3f}")
+    lines += ["", " ".join(tail + tail_drops)]
     text = "\n".join(lines)
     with open(os.path.join(HERE, "compression_result.md"), "w") as f:
         f.write(text + "\n")
