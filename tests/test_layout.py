@@ -15,7 +15,7 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fedhf")
 AXES = {"optim", "sync", "corrections", "server", "sharing"}
-BELOW_THE_TRAINER = {"core", "runtime", *AXES, "algorithms", "data", "metrics", "state"}
+BELOW_THE_TRAINER = {"core", "runtime", *AXES, "algorithms", "data", "metrics", "state", "compression"}
 # folder -> the folders it may import (besides itself and version.py)
 RULES: Dict[str, Set[str]] = {
     "core": set(),  # the round's vocabulary: nothing else of fedhf
@@ -23,6 +23,7 @@ RULES: Dict[str, Set[str]] = {
     **{axis: {"core", "runtime"} for axis in AXES},  # no axis imports another
     "state": {"core", "runtime"},
     "metrics": {"core", "runtime"},
+    "compression": {"core", "runtime"},  # compressors and error feedback, applied by the trainer's round hook
     "data": {"core", "runtime", "metrics"},
     "algorithms": {"core", "runtime", *AXES},  # named compositions of the axes
     "trainer": BELOW_THE_TRAINER,  # nothing below imports the trainer

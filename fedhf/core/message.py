@@ -21,6 +21,9 @@ from .params import num_bytes
 class Message:
     tensors: Dict[str, torch.Tensor] = field(default_factory=dict)  # named tensors (or 0-d scalars), summed
     nbytes: int = 0  # what would go over the wire for them (the uplink the trainer reports)
+    # The keys counted at their dense size, with the dtype they are sent in: what a compressor may re-encode
+    # (a tensor put with a declared byte count -- low-rank, a triangle, a 0-byte diagnostic -- has its own form).
+    dense: Dict[str, torch.dtype] = field(default_factory=dict)
 
     def put(self, prefix: str, tensors: Mapping[str, torch.Tensor], scale: float = 1.0,
             nbytes: Optional[int] = None) -> "Message":
@@ -29,6 +32,8 @@ class Message:
         for name, tensor in tensors.items():
             value = tensor.detach().to(torch.float64)  # the sums are float64; scaled after the cast, as before
             self.tensors[f"{prefix}.{name}"] = value * scale if scale != 1.0 else value
+            if nbytes is None:
+                self.dense[f"{prefix}.{name}"] = tensor.dtype
         self.nbytes += num_bytes(tensors) if nbytes is None else int(nbytes)
         return self
 

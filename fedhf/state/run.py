@@ -21,16 +21,18 @@ FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_s
                       "per_device_train_batch_size", "max_grad_norm", "partition_key", "partition_key_buckets",
                       "quantity_skew", "client_eval_fraction", "parameter_sharing", "parameter_sharing_kwargs",
                       "lora_client_ranks", "gradient_accumulation_steps", "batched_clients", "bf16", "fp16",
-                      "metric_for_best_model", "greater_is_better", "load_best_model_at_end")
+                      "metric_for_best_model", "greater_is_better", "load_best_model_at_end", "uplink_compression",
+                      "downlink_compression", "error_feedback")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
                 "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None,
                 "lora_client_ranks": None, "gradient_accumulation_steps": 1, "batched_clients": 1, "bf16": False,
                 "fp16": False, "metric_for_best_model": None, "greater_is_better": None,
-                "load_best_model_at_end": False}
+                "load_best_model_at_end": False, "uplink_compression": "none", "downlink_compression": "none",
+                "error_feedback": True}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
-          "base_params")
+          "base_params", "compression_state")
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RunState:
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar of average_warmstart / compressed_average
     personal_init: TensorDict = field(default_factory=dict)  # personal tensors at the start (fedhf/sharing/plan.py)
     base_params: TensorDict = field(default_factory=dict)  # frozen base weights a server rule folds into (FedEx-LoRA)
+    compression_state: TensorDict = field(default_factory=dict)  # downlink x_hat, PowerSGD Q (trainer/compression.py)
     rounds_done: int = 0
     uplink_bytes: float = 0.0
     downlink_bytes: float = 0.0

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Union
 
 from transformers import Trainer
 
+from ..compression import parse_plan
 from ..core.lora import LORA_A, LORA_B, lora_pairs, role_of
 from ..core.params import federated_buffers
 from ..runtime.lora_layers import lora_layers
@@ -104,6 +105,24 @@ def _batched(s: Setup) -> bool:
     return s.args.batched_clients > 1
 
 
+def _compressed_delta(s: Setup, linear_ok: bool = False) -> List[str]:
+    """The shared tensors whose model change (``dx``) the uplink compresses (non-linear compressors only, when
+    ``linear_ok``: a linear one's sum of encodings decodes to the sum, which a sum-reading rule can take)."""
+    plan = parse_plan(s.args.uplink_compression)
+    return [n for n in s.shared
+            if plan.pick(f"dx.{n}") is not None and not (linear_ok and plan.pick(f"dx.{n}").linear)]
+
+
+def _compressed_text(s: Setup, why: str, fix: str, linear_ok: bool = False) -> str:
+    names = _compressed_delta(s, linear_ok)
+    shown = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    return (f"`uplink_compression={s.args.uplink_compression!r}` compresses the model change of {shown}, but "
+            f"{why}; {fix}")
+
+
+_COMPRESS_OTHERS = "compress only other tensors (e.g. 'correction.*=int8,sync.*=bf16') or"
+
+
 COMBINATIONS: List[Refusal] = [
     # personalised evaluation
     Refusal(lambda s: s.args.personalized_eval and s.world.size > 1,
@@ -159,6 +178,29 @@ COMBINATIONS: List[Refusal] = [
             lambda s: "`load_best_model_at_end=True` keeps the best round's trainable tensors only, but "
                       "`server_rule` folds into the frozen base weights every round; set "
                       "load_best_model_at_end=False (or use round checkpoints) with it"),
+    # compression (fedhf/compression/): rules that read something formed from a client's *exact* model change
+    Refusal(lambda s: s.needs_lora_pairs and bool(_compressed_delta(s, linear_ok=True)),
+            lambda s: _compressed_text(s, f"`server_rule={s.rule.name!r}` aggregates the products B_i A_i of each "
+                                          "client's exact factors, and a non-linear compressor (per-client scales, "
+                                          "supports or bases) does not keep them",
+                                       f"{_COMPRESS_OTHERS} use a server_rule that averages A and B (mean)",
+                                       linear_ok=True)),
+    Refusal(lambda s: s.rule.aggregator.gathers and bool(_compressed_delta(s)),
+            lambda s: _compressed_text(s, f"the robust `server_rule={s.rule.name!r}` gathers each client's "
+                                          "uncompressed update", f"{_COMPRESS_OTHERS} use a mean-based server_rule")),
+    Refusal(lambda s: s.rule.aggregator.needs_preconditioners and bool(_compressed_delta(s)),
+            lambda s: _compressed_text(s, f"`server_rule={s.rule.name!r}` mixes Delta_i P_i formed from each "
+                                          "client's exact change", f"{_COMPRESS_OTHERS} use another server_rule")),
+    Refusal(lambda s: (s.sharing.preset == ROLORA or s.rule.aggregator.freezes_lora_a) and bool(_compressed_delta(s)),
+            lambda s: _compressed_text(s, "a LoRA factor frozen on the clients (`parameter_sharing='rolora'`, "
+                                          "`server_rule='fedsvd'`) makes the change a declared-size message that a "
+                                          "compressor would skip", f"{_COMPRESS_OTHERS} use parameter_sharing='all'")),
+    Refusal(lambda s: parse_plan(s.args.downlink_compression).active
+            and (s.needs_lora_pairs or s.rule.aggregator.folds_into_base),
+            lambda s: f"`downlink_compression={s.args.downlink_compression!r}` has the clients train from an "
+                      f"approximate model, but `server_rule={s.rule.name!r}` forms its LoRA products and base "
+                      "residual from the server's exact A and B",
+            "leave downlink_compression='none' with it, or use a server_rule that averages A and B (mean)"),
     # batched clients: one message for all the settings that stop clients from sharing a forward/backward
     Refusal(_batched, check=lambda s: _stackable(s.model)),  # names the modules that cannot be stacked
     Refusal(lambda s: _batched(s) and (s.sharing.preset == ROLORA or s.rule.aggregator.freezes_lora_a),

@@ -18,6 +18,7 @@ from transformers import TrainingArguments
 from .config_checks import (check_batch_sizes, check_federation_fields, check_mixed_precision, check_output_dir,
                             coerce_numeric_strings)
 from ..algorithms import ALGORITHMS, compose
+from ..compression import COMPRESSORS, parse_plan
 from ..corrections import CORRECTIONS
 from ..data import PARTITION_KEYS, PARTITIONERS
 from ..data.embedding_key import check_encoder
@@ -120,6 +121,12 @@ class FederatedConfig(TrainingArguments):
         batched_clients (`int`, defaults to `1`): clients trained at once on the one resident base.
         client_parallel (`bool`, defaults to `False`): all processes train each client together.
         logits_at_labels_only (`bool`, defaults to `True`): a causal LM's head and loss only where a label is.
+
+        > Compression
+
+        uplink_compression (`str`, defaults to `"none"`): what each client's tensors are compressed with.
+        downlink_compression (`str`, defaults to `"none"`): what the broadcast tensors are compressed with.
+        error_feedback (`bool`, defaults to `True`): keep what compression dropped and send it later.
 
         > Evaluation
 
@@ -275,6 +282,26 @@ class FederatedConfig(TrainingArguments):
         default=False,
         metadata={"help": "Kept off: local steps never all-reduce gradients, so there is nothing to average across "
                           "processes (Trainer's default True scales eval_loss by the number of processes)."})
+    # --- compression (fedhf/compression/, docs/compression.md) ---
+    uplink_compression: str = field(
+        default="none",
+        metadata={"help": f"Compression of what each client sends: a compressor for every tensor (one of: "
+                          f"{_choices(COMPRESSORS.names())}; arguments int8:<block>, topk:<fraction>, "
+                          "powersgd:<rank>) or "
+                          "comma-separated `selector=compressor` rules, the first match winning, selectors a LoRA role "
+                          "(lora_A, lora_B, head, norm) or a pattern on the message key (dx.*, correction.*, "
+                          "sync.theta.*, server.*), e.g. 'lora_A=int8,lora_B=int4,correction.*=bf16'. The uplink "
+                          "counts the encoded bytes (payload + indices + scales)."})
+    downlink_compression: str = field(
+        default="none",
+        metadata={"help": "Compression of the broadcast (keys model.<param>, correction.<key>, sync.<key>), as "
+                          "`uplink_compression`; the first broadcast is dense, then the compressed difference to the "
+                          "model the clients hold (with error_feedback) or the compressed model (without)."})
+    error_feedback: bool = field(
+        default=True,
+        metadata={"help": "With compression: keep what it dropped (per client in the client store for the uplink, "
+                          "on the server for the downlink) and add it to the next message (EF-SGD/EF21). False "
+                          "sends each message compressed on its own (unbiased with int8/int4/int2)."})
     # --- evaluation ---
     eval_every_rounds: int = field(
         default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})
@@ -345,6 +372,8 @@ class FederatedConfig(TrainingArguments):
         # what is built here (built_algorithm, built_sharing).
         self.built_algorithm()
         self.built_sharing()
+        parse_plan(self.uplink_compression, "uplink_compression")  # a bad spec fails here, before any work
+        parse_plan(self.downlink_compression, "downlink_compression")
 
     def built_algorithm(self):
         """The algorithm of these settings, built once: the same object until a field it is built from

@@ -9,6 +9,8 @@ meets them:
 
 * ``on_train_begin(trainer, run)``: once, after the global model (fresh or resumed) is in the resident model.
 * ``before_round(trainer, run)``: before this process's clients train.
+* ``broadcast_bytes(trainer, run, dense) -> bytes``: what the broadcast to one client costs, given its dense size
+  (a compressed downlink returns its encoded size; fedhf/trainer/compression.py).
 * ``on_client_message(trainer, ctx, sent) -> sent``: one client's messages (:class:`ClientMessages`) after its local
   steps and before they enter the round's sums; a hook may return other messages (compression, local noise) and
   the uplink counts what the last hook returns. Not called for an excluded client.
@@ -58,6 +60,9 @@ class RoundHook:
     def before_round(self, trainer, run) -> None:
         pass
 
+    def broadcast_bytes(self, trainer, run, dense: int) -> int:
+        return dense
+
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:
         return sent
 
@@ -94,6 +99,11 @@ class HookList(RoundHook):
     def before_round(self, trainer, run) -> None:
         for hook in self.hooks:
             hook.before_round(trainer, run)
+
+    def broadcast_bytes(self, trainer, run, dense: int) -> int:
+        for hook in self.hooks:
+            dense = hook.broadcast_bytes(trainer, run, dense)
+        return dense
 
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:
         for hook in self.hooks:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import List
 
+from .compression import Compression
 from .guards import ExclusionStop
 from .hooks import RoundHook
 from .neftune import NEFTune
@@ -23,6 +24,8 @@ def round_hooks(trainer) -> List[RoundHook]:
         NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
         EvalOnStart(),  # eval_on_start: round 0's evaluation
         DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i
+        # uplink/downlink compression with error feedback; before any hook that must see what is summed (privacy)
+        Compression(args.uplink_compression, args.downlink_compression, args.error_feedback),
         ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded
         trainer.best_round,  # the best evaluated round (load_best_model_at_end); checkpointed with the run
         PersonalEvaluation(),  # personalized_eval: each client's own model on its held-out rows

@@ -37,6 +37,7 @@ class Runner:
         downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
                                                            run.correction_state, run.sync_state))
         downlink_each += num_bytes(run.base_params) if r else 0  # FedEx-LoRA: the residual folded into the base
+        downlink_each = trainer.hooks.broadcast_bytes(trainer, run, downlink_each)  # a compressed downlink: encoded
         mine = trainer.world.clients_of_this_process(sorted(clients))
         counted = sums if trainer.world.sends_messages else RoundSums()  # client_parallel: each client counted once
         chunks = [mine[i:i + self.size] for i in range(0, len(mine), self.size)]

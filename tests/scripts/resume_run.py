@@ -1,9 +1,12 @@
 """A stateful run (SCAFFOLD client variates + an Adam server) used by test_checkpoint.py:
 
     python tests/scripts/resume_run.py OUT_DIR RESULT.safetensors [--kill-after N] [--resume] [--algorithm NAME]
+        [--uplink SPEC] [--downlink SPEC] [--state-budget-mb MB] [--rounds R]
 
 Default: SCAFFOLD with an Adam server; ``--algorithm`` runs a named algorithm at its defaults instead (state that
-outlives a round: fedmuon's broadcast momentum, fed_sophia's per-client Hessian estimates).
+outlives a round: fedmuon's broadcast momentum, fed_sophia's per-client Hessian estimates). ``--uplink`` and
+``--downlink`` compress (with error feedback: per-client residuals and the server's held model to resume);
+``--state-budget-mb`` makes the client store spill; ``--rounds`` (default 5).
 
 --kill-after N sends SIGKILL to this very process once round N's checkpoint is written (a real crash:
 no cleanup, no exception handlers).
@@ -48,8 +51,14 @@ def main(argv) -> None:
     named = argv[argv.index("--algorithm") + 1] if "--algorithm" in argv else None
     algorithm = {"algorithm": named} if named else {"algorithm": "scaffold", "server_rule": "adam",
                                                     "server_rule_kwargs": {"lr": 0.01}}
-    args = config(out_dir, **algorithm, num_clients=6, clients_per_round=3, num_rounds=5, local_steps=3,
-                  save_every_rounds=1, eval_every_rounds=1)
+    options = {"--uplink": "uplink_compression", "--downlink": "downlink_compression",
+               "--state-budget-mb": "client_state_budget_mb"}
+    extra = {field: argv[argv.index(flag) + 1] for flag, field in options.items() if flag in argv}
+    if "client_state_budget_mb" in extra:
+        extra["client_state_budget_mb"] = float(extra["client_state_budget_mb"])
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 5
+    args = config(out_dir, **algorithm, num_clients=6, clients_per_round=3, num_rounds=rounds, local_steps=3,
+                  save_every_rounds=1, eval_every_rounds=1, **extra)
     args.output_dir = str(out_dir)
     callbacks = [KillAfter(kill_after)] if kill_after else None
     trainer = digit_trainer(model, digits, args, callbacks=callbacks)
