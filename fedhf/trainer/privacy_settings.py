@@ -118,3 +118,27 @@ def check_privacy_fields(args) -> None:
                              f"spends epsilon {planned:.3g} > dp_epsilon={args.dp_epsilon}: set "
                              "dp_stop_at_budget=True (the run stops before the budget is exceeded), lower num_rounds, "
                              "raise dp_noise_multiplier, or leave it unset to calibrate it.")
+
+
+def privacy_card_rows(args, history) -> list:
+    """The model card's rows for the privacy guarantee (empty when neither DP nor secure aggregation was on): the
+    epsilon the whole run spent (every round's release counts, whichever round is saved)."""
+    rows = []
+    spent = [h for h in history if "dp_epsilon" in h]
+    if dp_on(args) and spent:
+        last = spent[-1]
+        sampling = (f"Poisson, q = {args.clients_per_round}/{args.num_clients}" if args.client_sampling == "poisson"
+                    else f"fixed size {args.clients_per_round} of {args.num_clients} without replacement "
+                         "(replace-one neighbours)")
+        clip = (f"adaptive (quantile {args.dp_adaptive_clip_quantile}), last C = {last['dp_clip_norm']:.4g}"
+                if args.dp_adaptive_clip_quantile is not None else f"{last['dp_clip_norm']:.4g}")
+        rows += [
+            f"| differential privacy | client-level (the unit is one client's whole data), {args.dp_mode} noise |",
+            f"| privacy spent (epsilon, delta) | ({last['dp_epsilon']:.4g}, {dp_delta(args):.3g}) after "
+            f"{last['round']} rounds |",
+            f"| accountant / client sampling | dp-accounting {args.dp_accountant.upper()} / {sampling} |",
+            f"| clip norm C / noise multiplier sigma | {clip} / {last['dp_noise_multiplier']:.4g} |",
+        ]
+    if args.secure_aggregation:
+        rows.append(f"| secure aggregation (simulated) | {args.secagg_bits}-bit fixed point, pairwise masks mod 2^32 |")
+    return rows
