@@ -150,5 +150,5 @@ def adaptive_noise_split(noise_multiplier: float, count_std: float) -> float:
     pair together must be a Gaussian mechanism of ``noise_multiplier`` z (Andrew et al., Theorem 1)."""
     if 2.0 * count_std <= noise_multiplier:
         raise ValueError(f"adaptive clipping's count noise ({count_std}) must exceed half the noise multiplier "
-                         f"({noise_multiplier / 2}); raise dp_adaptive_clip_count_std")
+                         f"({noise_multiplier / 2}); raise dp_adaptive_clip_count_std.")
     return (noise_multiplier ** -2 - (2.0 * count_std) ** -2) ** -0.5
