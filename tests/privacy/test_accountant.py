@@ -49,7 +49,7 @@ def test_abadi_et_al_published_moments_accountant_value_is_reproduced():
     assert PrivacyAccountant(4.0, 1e-5, "poisson", 100, 1).epsilon(10_000) < 1.26
 
 
-@pytest.mark.parametrize("kind,sampling", [("pld", "poisson"), ("rdp", "fixed")]  # PLD calibrates through RDP first)
+@pytest.mark.parametrize("kind,sampling", [("pld", "poisson"), ("rdp", "fixed")])  # PLD calibrates through RDP
 def test_calibration_reaches_the_target_from_below(kind, sampling):
     sigma = calibrate_noise(3.0, 1e-5, rounds=10, sampling=sampling, num_clients=400, cohort=20, kind=kind)
     accountant = PrivacyAccountant(sigma, 1e-5, sampling, 400, 20, kind)
