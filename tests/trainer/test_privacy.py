@@ -90,6 +90,15 @@ def test_the_noise_on_a_sum_has_std_sigma_c(tmp_path):
     assert not torch.equal(again.get("dx.a"), noise)  # the stream moves on
 
 
+def test_distributed_shares_sum_to_noise_of_std_sigma_c(tmp_path):
+    args = config(tmp_path, num_clients=8, clients_per_round=8, dp_mode="distributed", dp_clip_norm=0.5,
+                  dp_noise_multiplier=1.2, secure_aggregation=True)
+    hook = Privacy(types.SimpleNamespace(args=args))
+    total = sum(hook._noise_share({"dx.a": torch.zeros(40_000)}, types.SimpleNamespace(round=0, client_id=c))["dx.a"]
+                for c in range(8))
+    assert total.std().item() == pytest.approx(1.2 * 0.5, rel=0.02)  # 5.7 stds of the sample std, as above
+
+
 def test_dp_fedavg_without_noise_or_clipping_is_fedavg_exactly(tmp_path, minilm, tweets, tokenizer):
     _, plain = _run(tmp_path, minilm, tweets, tokenizer, name="plain")
     trainer, private = _run(tmp_path, minilm, tweets, tokenizer, name="dp", dp_mode="central", dp_clip_norm=1e9,
