@@ -85,5 +85,7 @@ def secagg_compatibility(algorithm) -> Tuple[bool, str]:
         new, _ = rule.apply(dict(params), rule.init(dict(params)), replace(ctx))
         rule.base_residual(new, ctx)
     except IndividualMessagesRead as err:
-        return False, f"its server rule {rule.name!r} {err}"
+        return False, f"its server rule {algorithm.server_rule.name!r} {err}"
+    except Exception as err:  # noqa: BLE001 -- a half that cannot run on sums alone is not known to be compatible
+        return False, f"its server halves could not run on sums alone ({type(err).__name__}: {err})"
     return True, "its server halves read only sums"
