@@ -1,5 +1,5 @@
 """Secure aggregation, simulated with its real numerics (SecAgg: Bonawitz et al., "Practical Secure Aggregation
-for Privacy-Preserving Machine Learning", CCS 2017; SecAgg+: Bell et al., CCS 2020, arXiv:2009.04051).
+for Privacy-Preserving Machine Learning", CCS 2017; SecAgg+: Bell, Bonawitz, Gascon, Lepoint, Raykova, CCS 2020).
 
 A client's vector is clamped to [-c, c], stochastically quantised to b bits (unbiased: rounded up with probability
 equal to the fraction), and read as integers in Z_{2^32}. Each pair of clients (i, j) of the round derives one

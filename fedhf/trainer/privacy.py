@@ -128,12 +128,14 @@ class Privacy(RoundHook):
     def _count_masked_bytes(self, sent: ClientMessages, items: Dict[str, torch.Tensor]) -> None:
         """Under secure aggregation every protected element travels as a 32-bit word (products a plain server
         would form from A and B must be sent too); the key agreement per partner is added to the own message."""
-        partners = max(len(self.cohort) - 1, 0)
-        sent.own.nbytes = masked_bytes({k: v.shape for k, v in items.items() if "." not in k or
-                                        k.partition(".")[0] not in sent.components}, partners)
+        def shapes(namespace: str = "") -> Dict[str, torch.Size]:
+            mine = (lambda k: k.startswith(namespace + ".")) if namespace else \
+                (lambda k: k.split(".", 1)[0] not in sent.components)
+            return {k: v.shape for k, v in items.items() if mine(k)}
+
+        sent.own.nbytes = masked_bytes(shapes(), partners=max(len(self.cohort) - 1, 0))
         for namespace, message in sent.components.items():
-            message.nbytes = 0 if namespace in UNSENT else masked_bytes(
-                {k: v.shape for k, v in items.items() if k.startswith(namespace + ".")}, 0)
+            message.nbytes = 0 if namespace in UNSENT else masked_bytes(shapes(namespace), partners=0)
 
     # ---------------------------------------------------------------- the server side
     def after_sums(self, trainer, run, sums) -> None:
