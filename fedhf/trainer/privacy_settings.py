@@ -86,6 +86,9 @@ def check_privacy_fields(args) -> None:
          "`dp_adaptive_clip_count_std` must be > 0"),
         (1 <= args.secagg_bits <= 31, "`secagg_bits` must be in [1, 31] (the sums live in Z_2^32), e.g. 20"),
         (args.secagg_range is None or args.secagg_range > 0, "`secagg_range` must be > 0"),
+        (args.dp_adaptive_clip_quantile is None or not args.secure_aggregation,
+         "adaptive clipping's per-client bit (norm <= C) is not part of the secure sum here, so the server would see "
+         "it in the clear: set dp_adaptive_clip_quantile=None (a fixed dp_clip_norm) with secure_aggregation"),
         (not (on and args.dp_accountant == "pld" and args.client_sampling == "fixed"),
          "the PLD accountant has no event for fixed-size sampling without replacement: set dp_accountant='rdp' or "
          "client_sampling='poisson'"),
