@@ -138,23 +138,26 @@ def main() -> None:
     parser.add_argument("--eval-rows", type=int, default=300)
     parser.add_argument("--costs", action="store_true", help="also measure the per-round cost of DP and SecAgg")
     parser.add_argument("--work", default="/tmp/fedhf_privacy_benchmark")
+    parser.add_argument("--result", default=RESULT, help="the results file (another one for another budget)")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=None, help="a subset of 1 3 8 (0 = no DP)")
     opts = parser.parse_args()
+    epsilons = EPSILONS if opts.epsilons is None else [e or None for e in opts.epsilons]
     torch.set_num_threads(1)
     data, collator = load(opts.train_rows, opts.eval_rows)
-    done = json.load(open(RESULT)) if os.path.exists(RESULT) else {"runs": [], "costs": []}
+    done = json.load(open(opts.result)) if os.path.exists(opts.result) else {"runs": [], "costs": []}
     done["machine"], done["settings"] = machine(), {k: v for k, v in vars(opts).items() if k != "work"}
     if opts.costs and not done["costs"]:
         done["costs"] = costs(opts, data, collator)
-        json.dump(done, open(RESULT, "w"), indent=1)
+        json.dump(done, open(opts.result, "w"), indent=1)
     for seed in opts.seeds:
         for algorithm in opts.algorithms:
-            for epsilon in EPSILONS:
+            for epsilon in epsilons:
                 if any(r["algorithm"] == algorithm and r["epsilon"] == epsilon and r["seed"] == seed
                        for r in done["runs"]):
                     continue
                 result = run(opts, data, collator, algorithm, epsilon, seed)
                 done["runs"].append(result)
-                json.dump(done, open(RESULT, "w"), indent=1)
+                json.dump(done, open(opts.result, "w"), indent=1)
                 print(f"{algorithm} eps={epsilon} seed={seed}: accuracy {result['accuracy']:.3f} "
                       f"(sigma {result['noise_multiplier']}, spent {result['epsilon_spent']}, "
                       f"{result['seconds']:.0f} s)", flush=True)
