@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(TORCH)
-	$(PY) -m pip install -e ".[demo,dev,llm-demo]"
+	$(PY) -m pip install -e ".[demo,dev,llm-demo,privacy]"
 	$(PY) -c "import torch; assert '+cu' not in torch.__version__, torch.__version__; print('torch', torch.__version__)"
 	touch $(STAMP)
 

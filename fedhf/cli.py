@@ -27,14 +27,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def algorithms_table() -> List[str]:
-    """One row per named algorithm: its local optimizer, state sync, correction and server rule."""
+    """One row per named algorithm: its local optimizer, state sync, correction and server rule, and whether it
+    survives secure aggregation (found by running its server halves on sums only: fedhf/trainer/secagg_check.py)."""
     from .algorithms import get_algorithm, list_algorithms
+    from .trainer.secagg_check import secagg_compatibility
 
-    rows = [("algorithm", "local optimizer", "state sync", "correction", "server rule")]
+    rows = [("algorithm", "local optimizer", "state sync", "correction", "server rule", "secure aggregation")]
     for name in list_algorithms():
         algo = get_algorithm(name)
         rows.append((name, algo.local_optimizer.cls.__name__, algo.state_sync.name, algo.correction.name,
-                     algo.server_rule.name))
+                     algo.server_rule.name, "yes" if secagg_compatibility(algo)[0] else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 

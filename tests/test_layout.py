@@ -15,13 +15,14 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fedhf")
 AXES = {"optim", "sync", "corrections", "server", "sharing"}
-BELOW_THE_TRAINER = {"core", "runtime", *AXES, "algorithms", "data", "metrics", "state", "compression"}
+BELOW_THE_TRAINER = {"core", "runtime", *AXES, "algorithms", "data", "metrics", "state", "compression", "privacy"}
 # folder -> the folders it may import (besides itself and version.py)
 RULES: Dict[str, Set[str]] = {
     "core": set(),  # the round's vocabulary: nothing else of fedhf
     "runtime": {"core"},  # model and machine helpers, below the axes
     **{axis: {"core", "runtime"} for axis in AXES},  # no axis imports another
     "state": {"core", "runtime"},
+    "privacy": {"core", "runtime"},  # clipping, the accountant, secure aggregation's numerics
     "metrics": {"core", "runtime"},
     "compression": {"core", "runtime"},  # compressors and error feedback, applied by the trainer's round hook
     "data": {"core", "runtime", "metrics"},

@@ -27,3 +27,18 @@ def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int
     if per_round >= num_clients:
         return [int(c) for c in rng.permutation(num_clients)]
     return [int(c) for c in rng.choice(num_clients, size=per_round, replace=False)]
+
+
+def poisson_clients(seed: int, round_index: int, num_clients: int, probability: float) -> list:
+    """Clients of a round under Poisson sampling: each joins independently with ``probability`` (the sampling that
+    privacy amplification by subsampling assumes), in client order; the cohort's size varies and may be 0."""
+    rng = np.random.default_rng([int(seed), 0x9015, int(round_index)])
+    return [int(c) for c in np.flatnonzero(rng.random(num_clients) < probability)]
+
+
+def round_clients(seed: int, round_index: int, num_clients: int, per_round: int, sampling: str = "fixed") -> list:
+    """The round's clients: ``fixed`` draws ``per_round`` without replacement (:func:`sample_clients`), ``poisson``
+    lets each join with probability per_round / num_clients (:func:`poisson_clients`)."""
+    if sampling == "poisson":
+        return poisson_clients(seed, round_index, num_clients, per_round / num_clients)
+    return sample_clients(seed, round_index, num_clients, per_round)

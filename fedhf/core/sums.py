@@ -40,6 +40,11 @@ class RoundSums:
         else:
             self._sums[key] = value.clone()
 
+    def set(self, key: str, value) -> None:
+        """Replace one sum (a transform of the sums before the server reads them: noise, decoding, a fixed
+        denominator)."""
+        self._sums[key] = torch.as_tensor(value, dtype=torch.float64)
+
     def add_tensors(self, prefix: str, tensors: Mapping[str, torch.Tensor], scale: float = 1.0) -> None:
         for name, tensor in tensors.items():
             self.add(f"{prefix}.{name}", tensor.detach(), scale)

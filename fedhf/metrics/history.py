@@ -63,6 +63,10 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
         loss_ax.set_ylabel("loss", color="tab:red")
         handles = ax.get_legend_handles_labels()[0] + loss_ax.get_legend_handles_labels()[0]
         ax.legend(handles=handles, loc="center right", fontsize="small")
+    spent = [h for h in history if "dp_epsilon" in h]
+    if spent:  # client-level DP: the privacy spent by the run so far
+        fig.suptitle(f"client-level DP: epsilon {spent[-1]['dp_epsilon']:.3g} spent after round {spent[-1]['round']}",
+                     fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -22,14 +22,19 @@ FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_s
                       "quantity_skew", "client_eval_fraction", "parameter_sharing", "parameter_sharing_kwargs",
                       "lora_client_ranks", "gradient_accumulation_steps", "batched_clients", "bf16", "fp16",
                       "metric_for_best_model", "greater_is_better", "load_best_model_at_end", "uplink_compression",
-                      "downlink_compression", "error_feedback")
+                      "downlink_compression", "error_feedback", "client_sampling", "dp_mode", "dp_clip_norm",
+                      "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_accountant", "dp_adaptive_clip_quantile",
+                      "secure_aggregation", "secagg_bits", "secagg_range")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
                 "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None,
                 "lora_client_ranks": None, "gradient_accumulation_steps": 1, "batched_clients": 1, "bf16": False,
                 "fp16": False, "metric_for_best_model": None, "greater_is_better": None,
                 "load_best_model_at_end": False, "uplink_compression": "none", "downlink_compression": "none",
-                "error_feedback": True}
+                "error_feedback": True, "client_sampling": "fixed", "dp_mode": "off", "dp_clip_norm": None,
+                "dp_epsilon": None, "dp_delta": None, "dp_noise_multiplier": None, "dp_accountant": "rdp",
+                "dp_adaptive_clip_quantile": None, "secure_aggregation": False, "secagg_bits": 20,
+                "secagg_range": None}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params", "compression_state")

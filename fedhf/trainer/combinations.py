@@ -123,7 +123,53 @@ def _compressed_text(s: Setup, why: str, fix: str, linear_ok: bool = False) -> s
 _COMPRESS_OTHERS = "compress only other tensors (e.g. 'correction.*=int8,sync.*=bf16') or"
 
 
+def _dp(s: Setup) -> bool:
+    return s.args.dp_mode != "off"
+
+
+def _secagg_problem(s: Setup) -> Optional[str]:
+    from .secagg_check import secagg_compatibility
+
+    compatible, reason = secagg_compatibility(s.algorithm)
+    return None if compatible else reason
+
+
 COMBINATIONS: List[Refusal] = [
+    # client-level differential privacy and secure aggregation (fedhf/trainer/privacy.py, docs/privacy.md)
+    Refusal(lambda s: _dp(s) and s.args.client_weighting != "uniform",
+            lambda s: f"`client_weighting={s.args.client_weighting!r}` weights clients by their data size, which is "
+                      "data-dependent and unbounded, so one client's influence on the sums has no bound under DP",
+            "set client_weighting='uniform' (every client weighs 1; the mean divides by the expected cohort)"),
+    Refusal(lambda s: _dp(s) and s.rule.aggregator.gathers,
+            lambda s: f"`server_rule={s.rule.name!r}` reads each client's update, which the noise on the sums does "
+                      "not protect", "use a server rule that reads sums (mean, momentum, adam, ...) with dp_mode"),
+    Refusal(lambda s: _dp(s) and s.algorithm.state_sync.averages_theta,
+            lambda s: f"`state_sync={s.algorithm.state_sync.name!r}` warm-starts every client from the noisy average "
+                      "of the optimizer states, which noise can push out of their domain (a negative second moment, "
+                      "an indefinite preconditioner)",
+            "use state_sync='persist_local' or 'reset' under dp_mode (e.g. algorithm='fadam_gt', whose tracking "
+            "state is clipped and noised with the update)"),
+    Refusal(lambda s: _dp(s) and s.args.lora_client_ranks is not None,
+            lambda s: "`lora_client_ranks` sends per-entry weight masks beside the update, which clipping would "
+                      "scale as data", "leave lora_client_ranks unset under dp_mode"),
+    Refusal(lambda s: _dp(s) and bool(federated_buffers(s.model)),
+            lambda s: "the model has averaged buffers (BatchNorm statistics): under DP their average is noised, and a "
+                      "noisy running variance can turn negative",
+            "use a model without BatchNorm buffers (LayerNorm, GroupNorm) or turn dp_mode off"),
+    Refusal(lambda s: _dp(s) and s.args.drift_spectral,
+            lambda s: "`drift_spectral` reads every client's optimizer state, which DP does not release",
+            "set drift_spectral=False under dp_mode"),
+    Refusal(lambda s: s.args.secure_aggregation and _secagg_problem(s) is not None,
+            lambda s: f"`secure_aggregation=True` gives the server only the sums, but algorithm "
+                      f"{s.algorithm.name!r}: {_secagg_problem(s)}",
+            "use a server rule that reads sums (e.g. mean) or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and any(not c.linear for c in
+                                                         parse_plan(s.args.uplink_compression).compressors()),
+            lambda s: f"`uplink_compression={s.args.uplink_compression!r}` encodes each client's tensors with its "
+                      "own scales or supports, but `secure_aggregation=True` sums masked fixed-point integers on one "
+                      "shared range: the masked sum of differently scaled codes means nothing",
+            "leave uplink_compression='none' under secure aggregation (its own b-bit encoding, `secagg_bits`, is "
+            "the compression) or turn secure_aggregation off"),
     # personalised evaluation
     Refusal(lambda s: s.args.personalized_eval and s.world.size > 1,
             lambda s: f"`personalized_eval` runs in one process; this run has {s.world.size}",

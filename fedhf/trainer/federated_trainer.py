@@ -35,7 +35,7 @@ from transformers.utils import logging
 
 from ..core.context import ClientContext, ServerContext
 from ..core.params import load_into, snapshot, trainable_parameters
-from ..core.schedule import round_learning_rate, sample_clients
+from ..core.schedule import round_clients, round_learning_rate
 from ..core.client_store import ClientStateStore
 from ..core.sums import RoundSums
 from ..data import given_split, split_dataset
@@ -267,7 +267,7 @@ class FederatedTrainer(Trainer):
         args, algo, r = self.args, self.algorithm, run.rounds_done
         # 1. the round's learning rate, clients and sharing (RoLoRA's frozen factor); the hooks' round begins
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
-        clients = sample_clients(args.seed, r, args.num_clients, args.clients_per_round)
+        clients = round_clients(args.seed, r, args.num_clients, args.clients_per_round, args.client_sampling)
         self.plan.begin_round(r)
         self.hooks.before_round(self, run)
         # 2. this process's clients, by the runner chosen at __init__: their messages into the round's sums

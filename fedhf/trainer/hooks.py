@@ -24,13 +24,17 @@ meets them:
 * ``on_checkpoint(trainer, run, directory)``: a round checkpoint was written (on the main process).
 * ``on_train_end(trainer, run)``: once, after the last round.
 
+A hook that keeps state across rounds (the privacy accountant, its noise stream) hands it to the round checkpoint
+with ``checkpoint_state(trainer, run) -> (meta, groups)`` (JSON values; safetensors groups, named uniquely) and gets
+it back, before ``on_train_begin``, with ``restore_state(trainer, run, meta, groups)``.
+
 A new round feature is a file with its hook plus its line in ``round_hooks`` (fedhf/trainer/round_features.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from ..core.message import Message
 from ..core.params import TensorDict
@@ -84,6 +88,12 @@ class RoundHook:
     def on_train_end(self, trainer, run) -> None:
         pass
 
+    def checkpoint_state(self, trainer, run) -> Tuple[dict, Dict[str, TensorDict]]:
+        return {}, {}
+
+    def restore_state(self, trainer, run, meta: dict, groups: Dict[str, TensorDict]) -> None:
+        pass
+
 
 class HookList(RoundHook):
     """The hooks as one: each event calls every hook in order (``on_client_message`` passes each hook's result
@@ -132,3 +142,16 @@ class HookList(RoundHook):
     def on_train_end(self, trainer, run) -> None:
         for hook in self.hooks:
             hook.on_train_end(trainer, run)
+
+    def checkpoint_state(self, trainer, run) -> Tuple[dict, Dict[str, TensorDict]]:
+        meta: dict = {}
+        groups: Dict[str, TensorDict] = {}
+        for hook in self.hooks:
+            hook_meta, hook_groups = hook.checkpoint_state(trainer, run)
+            meta.update(hook_meta)
+            groups.update(hook_groups)
+        return meta, groups
+
+    def restore_state(self, trainer, run, meta: dict, groups: Dict[str, TensorDict]) -> None:
+        for hook in self.hooks:
+            hook.restore_state(trainer, run, meta, groups)

@@ -19,6 +19,7 @@ import yaml
 from ..data.bundled_gemma import bundled_origin
 from ..metrics.history import is_quality_metric
 from ..state.checkpoint import PREFIX
+from .privacy_settings import privacy_card_rows
 
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
 
@@ -118,6 +119,7 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         lines.append(f"| rows per client (min / max) | {min(sizes)} / {max(sizes)} |")
     if "label_skew" in partition_summary:
         lines.append(f"| label skew (mean TV distance to the global mix) | {partition_summary['label_skew']:.3f} |")
+    lines.extend(privacy_card_rows(args, history))  # the DP guarantee (docs/privacy.md)
     entry = _saved_entry(history, saved.round if saved is not None else None)
     if history:
         lines.append(f"| communicated (up + down) | {_megabytes(history[-1].get('communicated_MB', 0.0))} MB |")

@@ -99,7 +99,8 @@ def save_round_checkpoint(trainer, run: RunState) -> None:
             "fingerprint": fingerprint(args, trainer.algorithm), **best_meta}
     if trainer.accelerator.scaler is not None:  # fp16: the scale a resumed run continues with
         meta["grad_scaler"] = trainer.accelerator.scaler.state_dict()
-    save_checkpoint(directory, {**run.tensor_groups(), **best_groups, "client_store": clients}, meta,
+    meta["hooks"], hook_groups = trainer.hooks.checkpoint_state(trainer, run)  # e.g. the privacy accountant
+    save_checkpoint(directory, {**run.tensor_groups(), **best_groups, **hook_groups, "client_store": clients}, meta,
                     write_extra=trainer._write_model)
     trainer.hooks.on_checkpoint(trainer, run, directory)
 
@@ -129,5 +130,6 @@ def restore_run(trainer, path: str) -> RunState:
     scaler = trainer.accelerator.scaler
     if scaler is not None and "grad_scaler" in meta:
         scaler.load_state_dict(meta["grad_scaler"])
+    trainer.hooks.restore_state(trainer, run, meta.get("hooks", {}), groups)
     logger.info("resumed from %s after round %d", path, run.rounds_done)
     return run

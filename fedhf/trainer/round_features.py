@@ -13,6 +13,7 @@ from .hooks import RoundHook
 from .neftune import NEFTune
 from .outputs import Checkpoints, EvalOnStart, History, HistoryPlot, HubPush, PartitionReport
 from .personal_eval import PersonalEvaluation
+from .privacy import Privacy
 from .round_metrics import DriftMetrics
 
 
@@ -27,6 +28,9 @@ def round_hooks(trainer) -> List[RoundHook]:
         # uplink/downlink compression with error feedback; before any hook that must see what is summed (privacy)
         Compression(args.uplink_compression, args.downlink_compression, args.error_feedback),
         ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded
+        # client-level DP and secure aggregation: after every hook that changes messages (its clip bounds exactly
+        # what is summed), before History (its dp_epsilon goes into the round's entry)
+        Privacy(trainer),
         trainer.best_round,  # the best evaluated round (load_best_model_at_end); checkpointed with the run
         PersonalEvaluation(),  # personalized_eval: each client's own model on its held-out rows
         History(),  # the history file, one entry per round

@@ -1,0 +1,147 @@
+"""The privacy settings' values, checked when the config is made (before any work), and what follows from them:
+the delta, the expected cohort, the noise multiplier (given, or calibrated from a target epsilon for the planned
+rounds and sampling) and the secure-aggregation codec's range. The round hook is fedhf/trainer/privacy.py."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ..privacy import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, adaptive_noise_split, calibrate_noise
+from ..privacy.secagg import SecAggCodec
+
+DP_MODES = ("off", "central", "distributed")
+
+
+def dp_on(args) -> bool:
+    return args.dp_mode != "off"
+
+
+def dp_delta(args) -> float:
+    """The given delta, else 1 / N^1.1 (below 1/N, as a client-level guarantee needs)."""
+    return args.dp_delta if args.dp_delta is not None else 1.0 / args.num_clients ** 1.1
+
+
+def count_std(args) -> float:
+    """Adaptive clipping's noise on the clipped count: given, else the expected cohort / 20 (Andrew et al.'s
+    choice)."""
+    if args.dp_adaptive_clip_count_std is not None:
+        return args.dp_adaptive_clip_count_std
+    return args.clients_per_round / 20.0
+
+
+def noise_multiplier(args) -> float:
+    """z, the accounted noise multiplier: the given one, else calibrated to reach ``dp_epsilon`` after
+    ``num_rounds`` rounds from below."""
+    if args.dp_noise_multiplier is not None:
+        return float(args.dp_noise_multiplier)
+    return calibrate_noise(args.dp_epsilon, dp_delta(args), args.num_rounds, args.client_sampling,
+                           args.num_clients, args.clients_per_round, args.dp_accountant)
+
+
+def sums_noise_multiplier(args, z: float) -> float:
+    """The noise multiplier the sums get: z, or with adaptive clipping the part left after the count's share."""
+    if args.dp_adaptive_clip_quantile is None:
+        return z
+    return adaptive_noise_split(z, count_std(args))
+
+
+def accountant(args, z: float) -> PrivacyAccountant:
+    return PrivacyAccountant(z, dp_delta(args), args.client_sampling, args.num_clients, args.clients_per_round,
+                             args.dp_accountant)
+
+
+def secagg_codec(args, z_sums: Optional[float]) -> SecAggCodec:
+    """The codec's range: ``secagg_range`` if set; else under DP the clip norm C (no element of a clipped message
+    exceeds it), widened by 4 noise stds under distributed DP; else 8.0 (Flower's default clipping range)."""
+    if args.secagg_range is not None:
+        clip_range = args.secagg_range
+    elif dp_on(args):
+        share = z_sums / math.sqrt(args.clients_per_round) if args.dp_mode == "distributed" else 0.0
+        clip_range = args.dp_clip_norm * (1.0 + 4.0 * share)
+    else:
+        clip_range = 8.0
+    return SecAggCodec(args.secagg_bits, clip_range, args.seed)
+
+
+def check_privacy_fields(args) -> None:
+    """Each privacy field's value, and the pairs that cannot work, with the fix named."""
+    on = dp_on(args)
+    checks = [
+        (args.client_sampling in SAMPLINGS, f"`client_sampling` must be one of {SAMPLINGS}"),
+        (args.dp_mode in DP_MODES, f"`dp_mode` must be one of {DP_MODES}"),
+        (args.dp_accountant in ACCOUNTANTS, f"`dp_accountant` must be one of {ACCOUNTANTS}"),
+        (not on or (args.dp_clip_norm is not None and args.dp_clip_norm > 0),
+         "differential privacy needs `dp_clip_norm` > 0 (the bound C on each client's message norm), e.g. 1.0"),
+        (not on or args.dp_noise_multiplier is not None or args.dp_epsilon is not None,
+         "differential privacy needs a target `dp_epsilon` (the noise is calibrated to it) or a "
+         "`dp_noise_multiplier`"),
+        (args.dp_noise_multiplier is None or args.dp_noise_multiplier >= 0, "`dp_noise_multiplier` must be >= 0"),
+        (args.dp_epsilon is None or args.dp_epsilon > 0, "`dp_epsilon` must be > 0"),
+        (args.dp_delta is None or 0 < args.dp_delta < 1, "`dp_delta` must be in (0, 1), e.g. 1e-5"),
+        (args.dp_adaptive_clip_quantile is None or 0 < args.dp_adaptive_clip_quantile < 1,
+         "`dp_adaptive_clip_quantile` must be in (0, 1), e.g. 0.5"),
+        (args.dp_adaptive_clip_lr > 0, "`dp_adaptive_clip_lr` must be > 0, e.g. 0.2"),
+        (args.dp_adaptive_clip_count_std is None or args.dp_adaptive_clip_count_std > 0,
+         "`dp_adaptive_clip_count_std` must be > 0"),
+        (1 <= args.secagg_bits <= 31, "`secagg_bits` must be in [1, 31] (the sums live in Z_2^32), e.g. 20"),
+        (args.secagg_range is None or args.secagg_range > 0, "`secagg_range` must be > 0"),
+        (args.dp_adaptive_clip_quantile is None or not args.secure_aggregation,
+         "adaptive clipping's per-client bit (norm <= C) is not part of the secure sum here, so the server would see "
+         "it in the clear: set dp_adaptive_clip_quantile=None (a fixed dp_clip_norm) with secure_aggregation"),
+        (not (on and args.dp_accountant == "pld" and args.client_sampling == "fixed"),
+         "the PLD accountant has no event for fixed-size sampling without replacement: set dp_accountant='rdp' or "
+         "client_sampling='poisson'"),
+        (args.dp_mode != "distributed" or args.secure_aggregation,
+         "`dp_mode='distributed'` adds a share of the noise on each client, which protects nothing unless the "
+         "server sees only the sum: set secure_aggregation=True (or dp_mode='central')"),
+        (args.dp_mode != "distributed" or args.client_sampling == "fixed",
+         "`dp_mode='distributed'` splits the noise over a known cohort size S; Poisson sampling's cohort varies: "
+         "set client_sampling='fixed' (or dp_mode='central')"),
+        (not (args.secure_aggregation and args.client_sampling == "poisson"
+              and args.num_clients > SecAggCodec(args.secagg_bits, 1.0, 0).max_clients)
+         and not (args.secure_aggregation and args.clients_per_round > SecAggCodec(args.secagg_bits, 1.0, 0).max_clients),
+         f"`secagg_bits={args.secagg_bits}` lets at most {SecAggCodec(args.secagg_bits, 1.0, 0).max_clients} "
+         "clients be summed below 2^32; lower secagg_bits or the cohort (clients_per_round)"),
+        (on or (args.dp_epsilon is None and args.dp_noise_multiplier is None and args.dp_clip_norm is None
+                and args.dp_adaptive_clip_quantile is None and not args.dp_stop_at_budget),
+         "a `dp_*` setting is set but `dp_mode` is 'off': set dp_mode='central' (or 'distributed') to use it"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message + ".")
+    if on and args.dp_adaptive_clip_quantile is not None:
+        z = args.dp_noise_multiplier if args.dp_noise_multiplier is not None else None
+        if z is not None:
+            adaptive_noise_split(z, count_std(args))  # raises with the fix when the count's noise is too small
+    if on and args.dp_noise_multiplier is not None and args.dp_epsilon is not None:
+        planned = accountant(args, args.dp_noise_multiplier).epsilon(args.num_rounds)
+        if planned > args.dp_epsilon and not args.dp_stop_at_budget:
+            raise ValueError(f"`num_rounds={args.num_rounds}` with dp_noise_multiplier={args.dp_noise_multiplier} "
+                             f"spends epsilon {planned:.3g} > dp_epsilon={args.dp_epsilon}: set "
+                             "dp_stop_at_budget=True (the run stops before the budget is exceeded), lower num_rounds, "
+                             "raise dp_noise_multiplier, or leave it unset to calibrate it.")
+
+
+def privacy_card_rows(args, history) -> list:
+    """The model card's rows for the privacy guarantee (empty when neither DP nor secure aggregation was on): the
+    epsilon the whole run spent (every round's release counts, whichever round is saved)."""
+    rows = []
+    spent = [h for h in history if "dp_epsilon" in h]
+    if dp_on(args) and spent:
+        last = spent[-1]
+        sampling = (f"Poisson, q = {args.clients_per_round}/{args.num_clients}" if args.client_sampling == "poisson"
+                    else f"fixed size {args.clients_per_round} of {args.num_clients} without replacement "
+                         "(replace-one neighbours)")
+        clip = (f"adaptive (quantile {args.dp_adaptive_clip_quantile}), last C = {last['dp_clip_norm']:.4g}"
+                if args.dp_adaptive_clip_quantile is not None else f"{last['dp_clip_norm']:.4g}")
+        rows += [
+            f"| differential privacy | client-level (the unit is one client's whole data), {args.dp_mode} noise |",
+            f"| privacy spent (epsilon, delta) | ({last['dp_epsilon']:.4g}, {dp_delta(args):.3g}) after "
+            f"{last['round']} rounds |",
+            f"| accountant / client sampling | dp-accounting {args.dp_accountant.upper()} / {sampling} |",
+            f"| clip norm C / noise multiplier sigma | {clip} / {last['dp_noise_multiplier']:.4g} |",
+        ]
+    if args.secure_aggregation:
+        rows.append(f"| secure aggregation (simulated) | {args.secagg_bits}-bit fixed point, pairwise masks mod 2^32 |")
+    return rows
