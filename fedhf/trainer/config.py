@@ -295,7 +295,9 @@ class FederatedConfig(TrainingArguments):
         metadata={"help": "A causal LM computes its vocabulary projection and loss only at the positions whose next "
                           "token has a label (fedhf/runtime/labelled_logits.py): the same loss and gradients, far "
                           "fewer logits in SFT. False: every position's logits (a compute_loss override that reads "
-                          "them). FederatedSFTTrainer keeps them all: trl's token metrics read every logit."})
+                          "them). FederatedSFTTrainer and client_parallel keep them all (trl's token metrics "
+                          "read every logit; client-parallel agreement with one process is checked with every "
+                          "position)."})
     average_tokens_across_devices: bool = field(
         default=False,
         metadata={"help": "Kept off: local steps never all-reduce gradients, so there is nothing to average across "
