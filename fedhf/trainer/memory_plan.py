@@ -31,11 +31,11 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   than its 18 layers keep together): the logits autograd keeps, plus the more logits-sized tensors the step
   briefly holds around the loss (the gradients of the log-softmax and of the logits, a copy in the loss), i.e.
   (1 + 4) x P x V x 4 bytes (the loss upcasts the logits to fp32; what autograd keeps of them is that fp32 copy,
-  measured on Gemma-3-270M with a bf16 base as with an fp32 one), x C, for P logit positions: every token of the micro-batch, or with
-  ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py) the rows x the most labelled
+  measured on Gemma-3-270M with a bf16 base as with an fp32 one), x C, for P logit positions: every token of the
+  micro-batch, or with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py) the rows x the most labelled
   tokens of any training row. The 4 transient tensors were calibrated on the peak resident set of
-  benchmarks/memory_plan.py (fresh process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client beyond the other rows is 4.0-4.1 of
-  them for C = 1 to 16. A warm loop that reuses freed memory peaks lower (1.5-1.8 of them): the row is conservative.
+  benchmarks/memory_plan.py (fresh process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client
+  beyond the other rows is 4.0-4.1 of them for C = 1 to 16. A warm loop that reuses freed memory peaks lower (1.5-1.8 of them): the row is conservative.
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
@@ -359,4 +359,5 @@ def _column(data: datasets.Dataset, name: str) -> pa.ChunkedArray:
     return column if data._indices is None else column.take(data._indices.column(0))
 
 
-__all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes", "plan_memory"]
+__all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes",
+           "plan_memory"]
