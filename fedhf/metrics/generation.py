@@ -18,6 +18,8 @@ from typing import List, Optional, Sequence, Union
 import torch
 from transformers import TrainerCallback
 
+from ..runtime.contiguous_head import feed_head_contiguously
+
 
 def first_word(text: str) -> str:
     """The first word, lower-cased, without punctuation ("" if none)."""
@@ -72,6 +74,7 @@ def generate_answers(model, tokenizer, prompts: Sequence[Prompt], max_new_tokens
     _check_max_prompt_tokens(max_prompt_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
+    feed_head_contiguously(model)
     was_training, outputs = model.training, []
     model.eval()
     for start in range(0, len(prompts), batch_size):

@@ -43,6 +43,7 @@ from ..data.checks import check_datasets, check_evaluation_set, check_not_stream
 from ..optim import ModelAccess, OptimizerHooks
 from ..runtime.activation_checkpointing import enable_activation_checkpointing
 from ..runtime.determinism import fix_thread_count
+from ..runtime.contiguous_head import feed_head_contiguously
 from ..runtime.labelled_logits import at_labelled_positions, predicts_at_positions
 from ..runtime.processes import destroy_process_group_at_exit, process_world
 from ..runtime.quantization import prepare_quantised_base
@@ -141,6 +142,7 @@ class FederatedTrainer(Trainer):
         self.labelled_logits = (args.logits_at_labels_only and not args.client_parallel and not self.reads_every_logit
                                 and self.label_smoother is None and self.compute_loss_func is None
                                 and predicts_at_positions(self.model))
+        feed_head_contiguously(self.model)  # a sliced head input is a slow path on CPU (runtime/contiguous_head.py)
 
     @property
     def model_device(self) -> torch.device:

@@ -1,0 +1,38 @@
+"""A causal LM's output projection fed a contiguous input.
+
+transformers' causal LMs slice their last hidden states before the head: ``logits_to_keep=1`` in every step of
+``generate``, or an int in a forward, makes ``hidden[:, -k:, :]``, a strided view. torch's CPU ``linear`` does
+not fold a strided 3-D input into one matrix product; it broadcasts the weight into a batched product, which on
+a large head is hundreds of times slower. Measured on the project's 2-core AVX512-BF16 CPU with Gemma-3-270M's
+head (262,144 x 640) and the last position of 50 rows of 67 tokens: bfloat16 65 s against 0.065 s for the same
+rows made contiguous; float32 1.8 s against 0.24 s. The copy is batch x kept positions x hidden numbers: nothing
+beside the product. A boolean ``logits_to_keep`` (fedhf's labelled positions) already gathers a contiguous copy.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from transformers import PreTrainedModel
+
+_HOOKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def _contiguous_input(module: torch.nn.Module, args: tuple):
+    if args and torch.is_tensor(args[0]) and not args[0].is_contiguous():
+        return (args[0].contiguous(),) + tuple(args[1:])
+    return None
+
+
+def feed_head_contiguously(model: torch.nn.Module) -> bool:
+    """Give ``model``'s output embeddings (a transformers model, or a peft wrapper around one) a forward pre-hook
+    that makes their input contiguous; idempotent. Returns whether the model has such a head."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper, as elsewhere
+    head = base.get_output_embeddings() if isinstance(base, PreTrainedModel) else None
+    if not isinstance(head, torch.nn.Module):
+        return False
+    if head not in _HOOKED:
+        head.register_forward_pre_hook(_contiguous_input)
+        _HOOKED.add(head)
+    return True
