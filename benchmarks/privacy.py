@@ -39,6 +39,7 @@ ALGORITHMS = {
     "fedsvd": dict(algorithm="fedavg", server_rule="fedsvd"),
     "fadam_gt": dict(algorithm="fadam_gt"),
 }
+SGD_CLIENTS = ("fedavg", "ffa", "fedsvd")  # --lr replaces their local SGD lr (FAdam-GT keeps its Adam default)
 
 
 def machine() -> str:
@@ -83,13 +84,14 @@ def run(opts, data, collator, algorithm: str, epsilon, seed: int, privacy=None, 
         privacy = {} if epsilon is None else dict(dp_mode="central", dp_clip_norm=opts.clip, dp_epsilon=epsilon,
                                                   dp_accountant="pld")
     sampling = privacy.pop("client_sampling", "poisson")
+    lr = {"learning_rate": opts.lr} if opts.lr is not None and algorithm in SGD_CLIENTS else {}
     args = FederatedConfig(
         output_dir=os.path.join(opts.work, out), overwrite_output_dir=True, report_to="none", disable_tqdm=True,
         logging_strategy="no", save_strategy="no", partition_report=False, use_cpu=True, seed=seed,
         num_clients=opts.clients, clients_per_round=opts.cohort, client_sampling=sampling,
         num_rounds=rounds or opts.rounds, local_steps=opts.local_steps, per_device_train_batch_size=opts.batch_size,
-        per_device_eval_batch_size=128, eval_every_rounds=0, dirichlet_alpha=1.0, round_lr_schedule="constant",
-        **ALGORITHMS[algorithm], **privacy)
+        per_device_eval_batch_size=128, eval_every_rounds=0, dirichlet_alpha=opts.alpha, round_lr_schedule="constant",
+        bf16=opts.bf16, **ALGORITHMS[algorithm], **lr, **privacy)
     trainer = FederatedTrainer(model=model(seed), args=args, train_dataset=data["train"], eval_dataset=data["test"],
                                data_collator=collator, compute_metrics=accuracy_metrics)
     start = time.time()
@@ -130,10 +132,14 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     parser.add_argument("--clients", type=int, default=300)
     parser.add_argument("--cohort", type=int, default=10)
+    parser.add_argument("--alpha", type=float, default=1.0, help="Dirichlet alpha of the label split")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--local-steps", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--clip", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=None, help="local SGD lr of fedavg/ffa/fedsvd (default: theirs)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (where the CPU multiplies bf16)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--train-rows", type=int, default=4000)
     parser.add_argument("--eval-rows", type=int, default=300)
     parser.add_argument("--costs", action="store_true", help="also measure the per-round cost of DP and SecAgg")
@@ -142,7 +148,7 @@ def main() -> None:
     parser.add_argument("--epsilons", type=float, nargs="+", default=None, help="a subset of 1 3 8 (0 = no DP)")
     opts = parser.parse_args()
     epsilons = EPSILONS if opts.epsilons is None else [e or None for e in opts.epsilons]
-    torch.set_num_threads(1)
+    torch.set_num_threads(opts.threads)
     data, collator = load(opts.train_rows, opts.eval_rows)
     done = json.load(open(opts.result)) if os.path.exists(opts.result) else {"runs": [], "costs": []}
     done["machine"], done["settings"] = machine(), {k: v for k, v in vars(opts).items() if k != "work"}
