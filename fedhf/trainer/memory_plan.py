@@ -11,7 +11,9 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 * run state -- what the server carries between rounds (x^r and buffers in fp32, server-rule state, the correction's
   broadcast state, Thetabar, the initial personal tensors, a folded base): measured on the run's own tensors.
 * client store -- per client: its correction state (SCAFFOLD c_i, tracking y_i), a kept Theta (at most the
-  optimizer state) and its personal tensors (fp32), x ``num_clients``; capped by ``client_state_budget_mb``
+  optimizer state), its personal tensors (fp32) and, with uplink compression and ``error_feedback``, the float64
+  residual of every model-change tensor the plan compresses (fedhf/trainer/compression.py; the residuals of
+  compressed state messages are not counted, a note says so), x ``num_clients``; capped by ``client_state_budget_mb``
   (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
@@ -74,9 +76,11 @@ import torch
 from peft import PeftModel
 from transformers import PreTrainedModel
 
+from ..compression import parse_plan
 from ..core.params import num_bytes
 
 GIB = 2**30
+MODEL_CHANGE = "dx."  # the key prefix of a client's model change in its message (fedhf/trainer/local_steps.py)
 
 
 @dataclass
@@ -256,7 +260,11 @@ def plan_memory(trainer, run) -> MemoryPlan:
     if kept_theta:
         notes.append("a kept Theta is counted at the optimizer's whole state (an upper bound)")
     personal = sum(t.numel() * 4 for t in trainer.plan.personal.values())  # kept as fp32 snapshots
-    per_client = algo.correction.client_state_bytes(run.global_params) + kept_theta + personal
+    residuals = error_feedback_bytes(args, run.global_params)
+    if residuals:
+        notes.append("error feedback: the residuals of the model change are counted, those of compressed state "
+                     "messages (if any) are not")
+    per_client = algo.correction.client_state_bytes(run.global_params) + kept_theta + personal + residuals
     activations, logits = _activation_bytes(trainer, notes)
     sums, products, gathered = _round_bytes(trainer, run, optimizer or 0)
     return MemoryPlan(
@@ -274,6 +282,15 @@ def plan_memory(trainer, run) -> MemoryPlan:
         best_round_bytes=4 * sum(t.numel() for group in (run.global_params, run.global_buffers, trainer.plan.personal)
                                  for t in group.values()) if args.load_best_model_at_end else 0,
         merged_copy_bytes=sum(model_bytes(model).values()) if trainer.base_fold.layers else 0, notes=notes)
+
+
+def error_feedback_bytes(args, shared) -> int:
+    """One client's error-feedback residuals of its model change: float64, for each tensor the uplink plan
+    compresses (the message key of a shared tensor ``name`` is ``dx.name``)."""
+    if not args.error_feedback:
+        return 0
+    plan = parse_plan(args.uplink_compression)
+    return sum(8 * t.numel() for name, t in shared.items() if plan.pick(f"{MODEL_CHANGE}{name}") is not None)
 
 
 def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:

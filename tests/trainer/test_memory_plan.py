@@ -12,6 +12,7 @@ from fedhf import FederatedConfig, FederatedTrainer
 from fedhf.data.sft import SFTCollator
 from fedhf.data.demo import tiny_llama
 from fedhf.core.sums import RoundSums
+from fedhf.trainer.compression import RESIDUAL
 from fedhf.trainer.memory_plan import GIB, activation_elements_per_token, autocast_copy_bytes
 
 from tests.helpers import config, tiny_llama_lora, trainable_state, tweet_sft
@@ -125,6 +126,19 @@ def test_a_client_state_budget_caps_the_store_row(tmp_path, tokenizer, sft):
     trainer.train()
     assert trainer.memory_plan.client_store_bytes == int(0.01 * 2**20)
     assert trainer.memory_plan.client_store_bytes_per_client * 4 > int(0.01 * 2**20)
+
+
+def test_the_store_row_counts_error_feedbacks_residuals(tmp_path, tokenizer, sft):
+    """Uplink int8 with error feedback keeps a float64 residual of each client's model change in the store."""
+    trainer = _trainer(tmp_path, tokenizer, sft, algorithm="fedavg", local_steps=1, uplink_compression="int8")
+    trainer.train()
+    held = {sum(t.numel() * t.element_size() for t in trainer.client_store.get(cid, RESIDUAL).values())
+            for cid in range(4)}
+    assert held == {trainer.memory_plan.client_store_bytes_per_client} and held != {0}
+    plain = _trainer(tmp_path / "plain", tokenizer, sft, algorithm="fedavg", local_steps=1,
+                     uplink_compression="int8", error_feedback=False)
+    plain.train()
+    assert plain.memory_plan.client_store_bytes_per_client == 0
 
 
 def test_a_plan_over_the_budget_is_refused_before_anything_is_written(tmp_path, tokenizer, sft):
