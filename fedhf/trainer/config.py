@@ -1,8 +1,10 @@
 """FederatedConfig: ``transformers.TrainingArguments`` plus the federation (trl's SFTConfig pattern), so
 ``HfArgumentParser``, YAML recipes, ``report_to``, ``output_dir``, ``per_device_train_batch_size``,
 ``max_grad_norm``, ``bf16``, ``seed`` and the rest keep their usual meaning. The class docstring lists the
-federation's parameters by group and the defaults that differ from TrainingArguments; the choice lists in each
-field's help are read from the registries, so a new component shows up in ``--help`` with its registry line.
+federation's parameters by group and the defaults that differ from TrainingArguments; the data split, compression
+and privacy groups are bases of their own, each listing its parameters (partition_settings.py,
+compression_settings.py, privacy_settings.py). The choice lists in each field's help are read from the registries,
+so a new component shows up in ``--help`` with its registry line.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from transformers import TrainingArguments
@@ -18,17 +20,19 @@ from transformers import TrainingArguments
 from .config_checks import (check_batch_sizes, check_federation_fields, check_mixed_precision, check_output_dir,
                             coerce_numeric_strings)
 from ..algorithms import ALGORITHMS, compose
-from ..compression import COMPRESSORS, parse_plan
+from ..compression import parse_plan
 from ..corrections import CORRECTIONS
-from ..data import PARTITION_KEYS, PARTITIONERS
 from ..data.embedding_key import check_encoder
 from ..optim import LOCAL_OPTIMIZERS
 from ..runtime.processes import cpu_only_launch
 from ..server import AGGREGATORS, SERVER_RULES, SERVER_TRANSFORMS
 from ..sharing.plan import PRESETS, ParameterSharing
 from ..sync import STATE_SYNCS
+from .compression_settings import CompressionSettings
+from .field_help import choice_list
 from .hub import check_hub_access
-from .privacy_settings import check_privacy_fields
+from .partition_settings import PartitionSettings
+from .privacy_settings import PrivacySettings, check_privacy_fields
 from .settings import check_ddp_timeout, map_round_strategies, refuse_unsupported
 
 ROUND_SCHEDULES = ("cosine", "constant")
@@ -58,13 +62,11 @@ def _as_dict(value: Union[str, Dict[str, Any], None], name: str) -> Dict[str, An
     raise ValueError(f"`{name}` must be a dict or a JSON object string such as '{{\"beta\": 0.5}}', got {value!r}.")
 
 
-def _choices(names: Iterable[str]) -> str:
-    """A registry's names as a help text's list (sorted, so the help is the same on every run)."""
-    return ", ".join(sorted(names))
-
-
+# The data split, compression and privacy fields are declared in their own bases (fedhf/trainer/*_settings.py).
+# dataclasses.fields() takes the bases' fields in reverse MRO order: TrainingArguments' first, as before, then the
+# three groups in the docstring's order (the last base's first), then FederatedConfig's own.
 @dataclass
-class FederatedConfig(TrainingArguments):
+class FederatedConfig(PrivacySettings, CompressionSettings, PartitionSettings, TrainingArguments):
     r"""
     Configuration of :class:`fedhf.FederatedTrainer`: ``transformers.TrainingArguments`` plus the federation. Only
     the federation's parameters are listed here; every TrainingArguments field keeps its meaning, or is refused
@@ -97,19 +99,7 @@ class FederatedConfig(TrainingArguments):
         learning_rate, weight_decay (`float`, *optional*): the local optimizer's; default: the algorithm's paper
             default.
 
-        > The data split
-
-        partition (`str`, defaults to `"dirichlet"`): how rows go to clients.
-        partition_column (`str`, defaults to `"label"`): the column a split by value reads.
-        dirichlet_alpha (`float`, defaults to `0.5`): Dirichlet concentration (smaller is more skewed).
-        min_partition_size (`int`, defaults to `1`): fewest rows any client may get.
-        partition_max_retries (`int`, defaults to `100`): redraws of a Dirichlet split before an error.
-        partition_key (`str`, defaults to `"column"`): what a split by value splits by.
-        partition_key_buckets (`int`, defaults to `4`): quantile buckets or k-means clusters of the key.
-        partition_encoder (`str`, *optional*): a local sentence encoder, for ``partition_key="embedding"``.
-        quantity_skew (`float`, defaults to `0.0`): power-law client sizes; 0 = none.
-        client_eval_fraction (`float`, defaults to `0.0`): each client's held-out share, never trained on.
-        partition_report (`bool`, defaults to `True`): write partition.json and partition.png first.
+        > The data split: :class:`~fedhf.trainer.partition_settings.PartitionSettings`
 
         > LoRA and parameter sharing
 
@@ -123,11 +113,7 @@ class FederatedConfig(TrainingArguments):
         client_parallel (`bool`, defaults to `False`): all processes train each client together.
         logits_at_labels_only (`bool`, defaults to `True`): a causal LM's head and loss only where a label is.
 
-        > Compression
-
-        uplink_compression (`str`, defaults to `"none"`): what each client's tensors are compressed with.
-        downlink_compression (`str`, defaults to `"none"`): what the broadcast tensors are compressed with.
-        error_feedback (`bool`, defaults to `True`): keep what compression dropped and send it later.
+        > Compression: :class:`~fedhf.trainer.compression_settings.CompressionSettings`
 
         > Evaluation
 
@@ -143,22 +129,7 @@ class FederatedConfig(TrainingArguments):
         client_state_dir (`str`, *optional*): where per-client state spills to.
         memory_budget_gb (`float`, *optional*): refuse to start when the memory plan exceeds this per process.
 
-        > Privacy (docs/privacy.md)
-
-        client_sampling (`str`, defaults to `"fixed"`): how a round's clients are drawn (fixed size or Poisson).
-        dp_mode (`str`, defaults to `"off"`): client-level differential privacy: off, central or distributed noise.
-        dp_clip_norm (`float`, *optional*): the bound C on the joint L2 norm of each client's message.
-        dp_epsilon (`float`, *optional*): the target (or budget) epsilon; sigma is calibrated to it when not given.
-        dp_delta (`float`, *optional*): delta; default 1 / num_clients^1.1.
-        dp_noise_multiplier (`float`, *optional*): sigma (noise std sigma C on the sum).
-        dp_accountant (`str`, defaults to `"rdp"`): rdp or pld (tighter; Poisson sampling only).
-        dp_stop_at_budget (`bool`, defaults to `False`): stop before a round would exceed dp_epsilon.
-        dp_adaptive_clip_quantile (`float`, *optional*): adaptive clipping's target quantile of the norms.
-        dp_adaptive_clip_lr (`float`, defaults to `0.2`): adaptive clipping's step on log C.
-        dp_adaptive_clip_count_std (`float`, *optional*): noise std of the clipped count; default cohort / 20.
-        secure_aggregation (`bool`, defaults to `False`): simulate secure aggregation (masked, quantised sums).
-        secagg_bits (`int`, defaults to `20`): bits per element of the fixed-point encoding.
-        secagg_range (`float`, *optional*): the encoding's range [-c, c]; default C under DP, else 8.0.
+        > Privacy: :class:`~fedhf.trainer.privacy_settings.PrivacySettings`
 
     > [!NOTE]
     > These parameters have defaults different from TrainingArguments', on purpose:
@@ -191,7 +162,7 @@ class FederatedConfig(TrainingArguments):
         default=10, metadata={"help": "Optimizer steps K per client per round; a client cycles its data as needed."})
     client_weighting: str = field(
         default="uniform",
-        metadata={"help": f"Weight w_i of a client in the means, one of: {_choices(CLIENT_WEIGHTINGS)} ('uniform': "
+        metadata={"help": f"Weight w_i of a client in the means, one of: {choice_list(CLIENT_WEIGHTINGS)} ('uniform': "
                           "every seed paper)."})
     max_update_norm: Optional[float] = field(
         default=None,
@@ -202,73 +173,37 @@ class FederatedConfig(TrainingArguments):
                           "(the model no longer changes; usually learning_rate too large); 0 = never stop."})
     # --- the algorithm: a name, or any of its four axes replaced ---
     algorithm: str = field(
-        default="fedavg", metadata={"help": f"Named algorithm, one of: {_choices(ALGORITHMS.names())}."})
+        default="fedavg", metadata={"help": f"Named algorithm, one of: {choice_list(ALGORITHMS.names())}."})
     algorithm_kwargs: Optional[Union[dict, str]] = field(
         default=None, metadata={"help": "Keyword arguments of the named algorithm (dict or JSON string)."})
     local_optimizer: Optional[str] = field(
-        default=None, metadata={"help": f"Replace the local optimizer: {_choices(LOCAL_OPTIMIZERS.names())}, or any "
+        default=None, metadata={"help": f"Replace the local optimizer: {choice_list(LOCAL_OPTIMIZERS.names())}, or any "
                                         "torch.optim class name."})
     local_optimizer_kwargs: Optional[Union[dict, str]] = field(
         default=None, metadata={"help": "Keyword arguments of the local optimizer (dict or JSON string)."})
     correction: Optional[str] = field(
-        default=None, metadata={"help": f"Replace the correction: {_choices(CORRECTIONS.names())}."})
+        default=None, metadata={"help": f"Replace the correction: {choice_list(CORRECTIONS.names())}."})
     correction_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Correction kwargs."})
     server_rule: Optional[str] = field(
-        default=None, metadata={"help": f"Replace the server rule: {_choices(SERVER_RULES.names())}; or a chain "
+        default=None, metadata={"help": f"Replace the server rule: {choice_list(SERVER_RULES.names())}; or a chain "
                                         "'<aggregator>+<transform>+...' such as 'median+momentum', with aggregators "
-                                        f"{_choices(AGGREGATORS.names())} and transforms "
-                                        f"{_choices(SERVER_TRANSFORMS.names())}."})
+                                        f"{choice_list(AGGREGATORS.names())} and transforms "
+                                        f"{choice_list(SERVER_TRANSFORMS.names())}."})
     server_rule_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "Server rule kwargs."})
     state_sync: Optional[str] = field(
-        default=None, metadata={"help": f"Replace the optimizer-state sync: {_choices(STATE_SYNCS.names())}."})
+        default=None, metadata={"help": f"Replace the optimizer-state sync: {choice_list(STATE_SYNCS.names())}."})
     state_sync_kwargs: Optional[Union[dict, str]] = field(default=None, metadata={"help": "State sync kwargs."})
     round_lr_schedule: str = field(
-        default="cosine", metadata={"help": f"Learning rate over rounds, one of: {_choices(ROUND_SCHEDULES)} "
+        default="cosine", metadata={"help": f"Learning rate over rounds, one of: {choice_list(ROUND_SCHEDULES)} "
                                             "('cosine': to 0, the papers')."})
     learning_rate: Optional[float] = field(
         default=None, metadata={"help": "Peak local learning rate; default: the algorithm's paper default."})
     weight_decay: Optional[float] = field(
         default=None, metadata={"help": "Local weight decay; default: the algorithm's paper default."})
-    # --- the data split ---
-    partition: str = field(
-        default="dirichlet", metadata={"help": f"How rows go to clients, one of: {_choices(PARTITIONERS)}."})
-    partition_column: str = field(
-        default="label",
-        metadata={"help": "Categorical column for 'dirichlet' (label skew) or 'natural' (one client per value)."})
-    dirichlet_alpha: float = field(
-        default=0.5, metadata={"help": "Dirichlet concentration: smaller is more skewed (0.1 strong, 100 ~ IID)."})
-    min_partition_size: int = field(default=1, metadata={"help": "Fewest rows any client may get (dirichlet)."})
-    partition_max_retries: int = field(
-        default=100, metadata={"help": "Redraws of a Dirichlet split before giving up with an error."})
-    partition_key: str = field(
-        default="column",
-        metadata={"help": f"What 'dirichlet'/'natural' split by, for data with or without labels, one of: "
-                          f"{_choices(PARTITION_KEYS)}. 'column' = the values of partition_column (a float column "
-                          "in quantile buckets), 'length' = quantile bucket of the length of partition_column (text "
-                          "or token ids), 'embedding' = k-means cluster of its text's sentence embedding "
-                          "(partition_encoder). A callable row -> key: FederatedTrainer(partition_key=fn). See "
-                          "fedhf/data/keys.py."})
-    partition_key_buckets: int = field(
-        default=4, metadata={"help": "Quantile buckets of a 'length' key or a float column (fewer when values tie); "
-                                     "clusters of an 'embedding' key."})
-    partition_encoder: Optional[str] = field(
-        default=None,
-        metadata={"help": "Local sentence-encoder folder for partition_key='embedding' (k-means over the embeddings "
-                          "of partition_column's text, k = partition_key_buckets), e.g. the bundled MiniLM."})
-    quantity_skew: float = field(
-        default=0.0,
-        metadata={"help": "Power-law client sizes: client i gets min_partition_size + a share of the rest in "
-                          "proportion to (i+1)**-quantity_skew (0 = no quantity skew). With 'iid' or 'dirichlet'."})
-    client_eval_fraction: float = field(
-        default=0.0,
-        metadata={"help": "Hold out this fraction of each client's rows (seeded, at least 1) as that client's own "
-                          "evaluation set, never trained on: FederatedTrainer.client_eval_partitions."})
-    partition_report: bool = field(
-        default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training."})
     # --- LoRA and parameter sharing ---
     parameter_sharing: str = field(
         default="all", metadata={"help": "Which trainable tensors are shared, personal (kept per client) or frozen, "
-                                         f"a preset: {_choices(PRESETS)} (fedsa: LoRA B personal; ffa: LoRA A "
+                                         f"a preset: {choice_list(PRESETS)} (fedsa: LoRA B personal; ffa: LoRA A "
                                          "frozen at a seeded init; rolora: LoRA A and B trained in alternate rounds; "
                                          "fedhf/sharing/plan.py)."})
     parameter_sharing_kwargs: Optional[Union[dict, str]] = field(
@@ -302,26 +237,6 @@ class FederatedConfig(TrainingArguments):
         default=False,
         metadata={"help": "Kept off: local steps never all-reduce gradients, so there is nothing to average across "
                           "processes (Trainer's default True scales eval_loss by the number of processes)."})
-    # --- compression (fedhf/compression/, docs/compression.md) ---
-    uplink_compression: str = field(
-        default="none",
-        metadata={"help": f"Compression of what each client sends: a compressor for every tensor (one of: "
-                          f"{_choices(COMPRESSORS.names())}; arguments int8:<block>, topk:<fraction>, "
-                          "powersgd:<rank>) or "
-                          "comma-separated `selector=compressor` rules, the first match winning, selectors a LoRA role "
-                          "(lora_A, lora_B, head, norm) or a pattern on the message key (dx.*, correction.*, "
-                          "sync.theta.*, server.*), e.g. 'lora_A=int8,lora_B=int4,correction.*=bf16'. The uplink "
-                          "counts the encoded bytes (payload + indices + scales)."})
-    downlink_compression: str = field(
-        default="none",
-        metadata={"help": "Compression of the broadcast (keys model.<param>, correction.<key>, sync.<key>), as "
-                          "`uplink_compression`; the first broadcast is dense, then the compressed difference to the "
-                          "model the clients hold (with error_feedback) or the compressed model (without)."})
-    error_feedback: bool = field(
-        default=True,
-        metadata={"help": "With compression: keep what it dropped (per client in the client store for the uplink, "
-                          "on the server for the downlink) and add it to the next message (EF-SGD/EF21). False "
-                          "sends each message compressed on its own (unbiased with int8/int4/int2)."})
     # --- evaluation ---
     eval_every_rounds: int = field(
         default=1, metadata={"help": "Evaluate every N rounds (and after the last); 0 = only after the last."})
@@ -359,50 +274,6 @@ class FederatedConfig(TrainingArguments):
         metadata={"help": "Refuse to start (before any training or file write) when the memory plan printed at the "
                           "start of train() exceeds this many GiB per process (fedhf/trainer/memory_plan.py). "
                           "None = no check."})
-    # --- privacy (fedhf/trainer/privacy.py, docs/privacy.md) ---
-    client_sampling: str = field(
-        default="fixed",
-        metadata={"help": "How a round's clients are drawn: 'fixed' (clients_per_round of them, without replacement) "
-                          "or 'poisson' (each joins with probability clients_per_round / num_clients, the sampling "
-                          "client-level DP accounting assumes; the cohort size varies)."})
-    dp_mode: str = field(
-        default="off",
-        metadata={"help": "Client-level differential privacy: 'off', 'central' (each message clipped to dp_clip_norm, "
-                          "Gaussian noise sigma C on the sums) or 'distributed' (each client adds its share "
-                          "sigma C / sqrt(S) before a secure sum; needs secure_aggregation)."})
-    dp_clip_norm: Optional[float] = field(
-        default=None, metadata={"help": "C: every client's whole message (model delta and any state it sends) is "
-                                        "scaled to joint L2 norm <= C; with adaptive clipping, the initial C."})
-    dp_epsilon: Optional[float] = field(
-        default=None, metadata={"help": "Target epsilon: the noise multiplier is calibrated to reach it after "
-                                        "num_rounds; with dp_noise_multiplier given, the budget."})
-    dp_delta: Optional[float] = field(
-        default=None, metadata={"help": "delta of the (epsilon, delta) guarantee; default 1 / num_clients**1.1."})
-    dp_noise_multiplier: Optional[float] = field(
-        default=None, metadata={"help": "sigma: the noise on the sums has std sigma * C. Default: calibrated to "
-                                        "dp_epsilon."})
-    dp_accountant: str = field(
-        default="rdp", metadata={"help": "Privacy accountant of dp-accounting: 'rdp' or 'pld' (tighter; Poisson "
-                                         "sampling only)."})
-    dp_stop_at_budget: bool = field(
-        default=False, metadata={"help": "Stop the run before a round would spend more than dp_epsilon."})
-    dp_adaptive_clip_quantile: Optional[float] = field(
-        default=None, metadata={"help": "Adaptive clipping (Andrew et al. 2021): C follows this quantile of the "
-                                        "clients' norms, from a noisy count; None = fixed C."})
-    dp_adaptive_clip_lr: float = field(
-        default=0.2, metadata={"help": "Adaptive clipping's step: C <- C exp(-lr (fraction below C - quantile))."})
-    dp_adaptive_clip_count_std: Optional[float] = field(
-        default=None, metadata={"help": "Noise std of adaptive clipping's count; default clients_per_round / 20."})
-    secure_aggregation: bool = field(
-        default=False,
-        metadata={"help": "Simulate secure aggregation: messages quantised to secagg_bits, masked with pairwise "
-                          "masks mod 2^32 that cancel in the sum; the server decodes the sum only. Refused for server "
-                          "rules that read individual client updates."})
-    secagg_bits: int = field(default=20, metadata={"help": "Bits per element of secure aggregation's encoding."})
-    secagg_range: Optional[float] = field(
-        default=None, metadata={"help": "Secure aggregation encodes values in [-c, c] (clamped); default the clip "
-                                        "norm under DP, else 8.0."})
-
 
     def __post_init__(self) -> None:
         if cpu_only_launch() and not self.use_cpu:

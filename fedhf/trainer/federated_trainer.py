@@ -44,7 +44,6 @@ from ..optim import ModelAccess, OptimizerHooks
 from ..runtime.activation_checkpointing import enable_activation_checkpointing
 from ..runtime.determinism import fix_thread_count
 from ..runtime.contiguous_head import feed_head_contiguously
-from ..runtime.labelled_logits import at_labelled_positions, predicts_at_positions
 from ..runtime.processes import destroy_process_group_at_exit, process_world
 from ..runtime.quantization import prepare_quantised_base
 from ..sharing.plan import SharingPlan
@@ -54,6 +53,7 @@ from .client_data import ClientData, check_partitions
 from .combinations import check_combinations
 from .config import FederatedConfig
 from .hooks import HookList
+from .labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
 from .round_features import round_hooks
 from .local_steps import LocalSteps, faulty
 from .loss_scaling import LossScale
@@ -67,7 +67,7 @@ from .settings import expose_rounds_to_callbacks, should_evaluate, should_log, s
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(Trainer):
+class FederatedTrainer(LabelledPositionsLoss, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -82,7 +82,6 @@ class FederatedTrainer(Trainer):
     """
 
     loaded_best_round = None  # the round load_best_model_at_end loaded at the end of train(), if it did
-    reads_every_logit = False  # a subclass whose compute_loss reads every position's logits sets True
 
     def __init__(self, model=None, args: Optional[FederatedConfig] = None, *trainer_args,
                  client_partitions: Optional[Sequence[Sequence[int]]] = None,
@@ -135,13 +134,8 @@ class FederatedTrainer(Trainer):
             spill_dir = os.path.join(spill_dir, f"process-{self.world.rank}")
         self.client_store = ClientStateStore(budget, spill_dir, self.model_device)
         self.federated_history: List[dict] = []
-        # a causal LM's head only where labels are (same loss and gradients); not under a loss that reads logits.
-        # Not client-parallel either: there 2 processes gave FedPAC-Muon a LoRA entry 1.9e-3 away from 1 process
-        # (FedAvg, SCAFFOLD: 1e-8), against 6e-7 with every position; Muon's orthogonalisation amplifies rounding in
-        # weak gradient directions, and which rounding shifts it this much is not yet understood.
-        self.labelled_logits = (args.logits_at_labels_only and not args.client_parallel and not self.reads_every_logit
-                                and self.label_smoother is None and self.compute_loss_func is None
-                                and predicts_at_positions(self.model))
+        # a causal LM's head only where labels are (compute_loss, prediction_step: fedhf/trainer/labelled_positions.py)
+        self.labelled_logits = projects_labelled_positions_only(self)
         feed_head_contiguously(self.model)  # a sliced head input is a slow path on CPU (runtime/contiguous_head.py)
 
     @property
@@ -149,19 +143,6 @@ class FederatedTrainer(Trainer):
         """Where the trainable parameters live (the model's device): the round's sums, restored checkpoints and
         spilled client state are put there, as the tensors they are combined with are."""
         return next(iter(trainable_parameters(self.model).values())).device
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Trainer's loss; a causal LM projects only its labelled positions (``logits_at_labels_only``) when
-        nothing reads its logits: every training loss here (evaluation: :meth:`prediction_step`)."""
-        if self.labelled_logits and not return_outputs:
-            inputs = at_labelled_positions(inputs)
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Trainer's; an evaluation of the loss alone (no ``compute_metrics``) projects only labelled positions."""
-        if self.labelled_logits and prediction_loss_only:
-            inputs = at_labelled_positions(inputs)
-        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
     # Trainer relies on accelerate's model wrapping for autocast; the resident model is never wrapped here
     # (wrapping in DDP would all-reduce every local backward), so autocast is entered explicitly.

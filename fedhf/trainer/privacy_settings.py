@@ -1,16 +1,87 @@
-"""The privacy settings' values, checked when the config is made (before any work), and what follows from them:
-the delta, the expected cohort, the noise multiplier (given, or calibrated from a target epsilon for the planned
-rounds and sampling) and the secure-aggregation codec's range. The round hook is fedhf/trainer/privacy.py."""
+"""The privacy settings: their fields (:class:`PrivacySettings`, a base of ``FederatedConfig``), their values,
+checked when the config is made (before any work), and what follows from them: the delta, the expected cohort, the
+noise multiplier (given, or calibrated from a target epsilon for the planned rounds and sampling) and the
+secure-aggregation codec's range. The round hook is fedhf/trainer/privacy.py."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ..privacy import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, adaptive_noise_split, calibrate_noise
 from ..privacy.secagg import SecAggCodec
 
 DP_MODES = ("off", "central", "distributed")
+
+
+@dataclass
+class PrivacySettings:
+    r"""
+    Client-level differential privacy and simulated secure aggregation (docs/privacy.md), a base of
+    :class:`fedhf.FederatedConfig` (each parameter is its flag or recipe key). Only defaulted fields (in
+    FederatedConfig's field order they follow TrainingArguments', and a dataclass field without a default cannot
+    follow one with) and no methods (FederatedConfig's ``__post_init__`` calls :func:`check_privacy_fields`).
+
+    Parameters:
+        client_sampling (`str`, defaults to `"fixed"`): how a round's clients are drawn (fixed size or Poisson).
+        dp_mode (`str`, defaults to `"off"`): client-level differential privacy: off, central or distributed noise.
+        dp_clip_norm (`float`, *optional*): the bound C on the joint L2 norm of each client's message.
+        dp_epsilon (`float`, *optional*): the target (or budget) epsilon; sigma is calibrated to it when not given.
+        dp_delta (`float`, *optional*): delta; default 1 / num_clients^1.1.
+        dp_noise_multiplier (`float`, *optional*): sigma (noise std sigma C on the sum).
+        dp_accountant (`str`, defaults to `"rdp"`): rdp or pld (tighter; Poisson sampling only).
+        dp_stop_at_budget (`bool`, defaults to `False`): stop before a round would exceed dp_epsilon.
+        dp_adaptive_clip_quantile (`float`, *optional*): adaptive clipping's target quantile of the norms.
+        dp_adaptive_clip_lr (`float`, defaults to `0.2`): adaptive clipping's step on log C.
+        dp_adaptive_clip_count_std (`float`, *optional*): noise std of the clipped count; default cohort / 20.
+        secure_aggregation (`bool`, defaults to `False`): simulate secure aggregation (masked, quantised sums).
+        secagg_bits (`int`, defaults to `20`): bits per element of the fixed-point encoding.
+        secagg_range (`float`, *optional*): the encoding's range [-c, c]; default C under DP, else 8.0.
+    """
+
+    client_sampling: str = field(
+        default="fixed",
+        metadata={"help": "How a round's clients are drawn: 'fixed' (clients_per_round of them, without replacement) "
+                          "or 'poisson' (each joins with probability clients_per_round / num_clients, the sampling "
+                          "client-level DP accounting assumes; the cohort size varies)."})
+    dp_mode: str = field(
+        default="off",
+        metadata={"help": "Client-level differential privacy: 'off', 'central' (each message clipped to dp_clip_norm, "
+                          "Gaussian noise sigma C on the sums) or 'distributed' (each client adds its share "
+                          "sigma C / sqrt(S) before a secure sum; needs secure_aggregation)."})
+    dp_clip_norm: Optional[float] = field(
+        default=None, metadata={"help": "C: every client's whole message (model delta and any state it sends) is "
+                                        "scaled to joint L2 norm <= C; with adaptive clipping, the initial C."})
+    dp_epsilon: Optional[float] = field(
+        default=None, metadata={"help": "Target epsilon: the noise multiplier is calibrated to reach it after "
+                                        "num_rounds; with dp_noise_multiplier given, the budget."})
+    dp_delta: Optional[float] = field(
+        default=None, metadata={"help": "delta of the (epsilon, delta) guarantee; default 1 / num_clients**1.1."})
+    dp_noise_multiplier: Optional[float] = field(
+        default=None, metadata={"help": "sigma: the noise on the sums has std sigma * C. Default: calibrated to "
+                                        "dp_epsilon."})
+    dp_accountant: str = field(
+        default="rdp", metadata={"help": "Privacy accountant of dp-accounting: 'rdp' or 'pld' (tighter; Poisson "
+                                         "sampling only)."})
+    dp_stop_at_budget: bool = field(
+        default=False, metadata={"help": "Stop the run before a round would spend more than dp_epsilon."})
+    dp_adaptive_clip_quantile: Optional[float] = field(
+        default=None, metadata={"help": "Adaptive clipping (Andrew et al. 2021): C follows this quantile of the "
+                                        "clients' norms, from a noisy count; None = fixed C."})
+    dp_adaptive_clip_lr: float = field(
+        default=0.2, metadata={"help": "Adaptive clipping's step: C <- C exp(-lr (fraction below C - quantile))."})
+    dp_adaptive_clip_count_std: Optional[float] = field(
+        default=None, metadata={"help": "Noise std of adaptive clipping's count; default clients_per_round / 20."})
+    secure_aggregation: bool = field(
+        default=False,
+        metadata={"help": "Simulate secure aggregation: messages quantised to secagg_bits, masked with pairwise "
+                          "masks mod 2^32 that cancel in the sum; the server decodes the sum only. Refused for server "
+                          "rules that read individual client updates."})
+    secagg_bits: int = field(default=20, metadata={"help": "Bits per element of secure aggregation's encoding."})
+    secagg_range: Optional[float] = field(
+        default=None, metadata={"help": "Secure aggregation encodes values in [-c, c] (clamped); default the clip "
+                                        "norm under DP, else 8.0."})
 
 
 def dp_on(args) -> bool:
