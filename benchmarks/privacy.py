@@ -82,7 +82,8 @@ def run(opts, data, collator, algorithm: str, epsilon, seed: int, privacy=None, 
 
     if privacy is None:
         privacy = {} if epsilon is None else dict(dp_mode="central", dp_clip_norm=opts.clip, dp_epsilon=epsilon,
-                                                  dp_accountant="pld")
+                                                  dp_accountant="pld",
+                                                  dp_adaptive_clip_quantile=opts.adaptive_quantile)
     sampling = privacy.pop("client_sampling", "poisson")
     lr = {"learning_rate": opts.lr} if opts.lr is not None and algorithm in SGD_CLIENTS else {}
     args = FederatedConfig(
@@ -101,6 +102,7 @@ def run(opts, data, collator, algorithm: str, epsilon, seed: int, privacy=None, 
     last = history[-1]
     return {"algorithm": algorithm, "epsilon": epsilon, "seed": seed, "accuracy": last.get("eval_accuracy"),
             "epsilon_spent": last.get("dp_epsilon"), "noise_multiplier": last.get("dp_noise_multiplier"),
+            "clip_norms": [h.get("dp_clip_norm") for h in history],
             "rounds": last["round"], "participants": [h["participants"] for h in history],
             "uplink_MB": last["uplink_MB"], "seconds": seconds}
 
@@ -137,6 +139,8 @@ def main() -> None:
     parser.add_argument("--local-steps", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--clip", type=float, default=0.1)
+    parser.add_argument("--adaptive-quantile", type=float, default=None,
+                        help="adaptive clipping's target quantile (Andrew et al.); --clip is then the initial C")
     parser.add_argument("--lr", type=float, default=None, help="local SGD lr of fedavg/ffa/fedsvd (default: theirs)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (where the CPU multiplies bf16)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
