@@ -39,6 +39,8 @@ ALGORITHMS = {
     "fedsvd": dict(algorithm="fedavg", server_rule="fedsvd"),
     "fadam_gt": dict(algorithm="fadam_gt"),
 }
+#: What may differ between invocations that add runs to one results file (the runs are keyed by them).
+PER_INVOCATION = ("work", "seeds", "algorithms", "epsilons", "threads", "costs", "result")
 SGD_CLIENTS = ("fedavg", "ffa", "fedsvd")  # --lr replaces their local SGD lr (FAdam-GT keeps its Adam default)
 
 
@@ -151,11 +153,19 @@ def main() -> None:
     parser.add_argument("--result", default=RESULT, help="the results file (another one for another budget)")
     parser.add_argument("--epsilons", type=float, nargs="+", default=None, help="a subset of 1 3 8 (0 = no DP)")
     opts = parser.parse_args()
+    if opts.lr is not None and set(opts.algorithms) - set(SGD_CLIENTS):
+        parser.error(f"--lr sets the local SGD lr of {', '.join(SGD_CLIENTS)} only; run "
+                     f"{sorted(set(opts.algorithms) - set(SGD_CLIENTS))} without it (their defaults) or on their own.")
     epsilons = EPSILONS if opts.epsilons is None else [e or None for e in opts.epsilons]
     torch.set_num_threads(opts.threads)
     data, collator = load(opts.train_rows, opts.eval_rows)
     done = json.load(open(opts.result)) if os.path.exists(opts.result) else {"runs": [], "costs": []}
-    done["machine"], done["settings"] = machine(), {k: v for k, v in vars(opts).items() if k != "work"}
+    settings = {k: v for k, v in vars(opts).items() if k not in PER_INVOCATION}
+    stored = {k: v for k, v in done.get("settings", {}).items() if k not in PER_INVOCATION}
+    if done["runs"] and stored != settings:  # a rerun skips finished runs: only those of the same budget
+        changed = sorted(k for k in set(stored) | set(settings) if stored.get(k) != settings.get(k))
+        parser.error(f"{opts.result} holds runs of other settings ({', '.join(changed)}): pass another --result.")
+    done["machine"], done["settings"] = machine(), settings
     if opts.costs and not done["costs"]:
         done["costs"] = costs(opts, data, collator)
         json.dump(done, open(opts.result, "w"), indent=1)

@@ -3,14 +3,16 @@
 Online default (examples/sft_smollm2_lora_fedmuon_dolly.yaml): HuggingFaceTB/SmolLM2-360M-Instruct on
 databricks/databricks-dolly-15k (instruction + context -> response), Dirichlet over its ``category`` column,
 FedMuon; ``--load_in_4bit`` loads the base through BitsAndBytesConfig (NF4) + prepare_model_for_kbit_training,
-``--push_to_hub`` publishes the adapter and its card. Offline (``make demo-llm``)::
+``--push_to_hub`` publishes the adapter and its card. Offline, ``make demo-llm`` runs::
 
-    python examples/sft_llm.py --recipe examples/sft_smollm2_lora_fedmuon_dolly.yaml \\
-        --model_name_or_path bundled-tiny-llama --dataset bundled-tweets-instructions --output_dir outputs/sft_llm
+    python examples/sft_llm.py --model_name_or_path bundled-gemma-3-270m --dataset bundled-tweets-instructions \\
+        --algorithm fadam_gt --learning_rate 1e-3 --lora_targets q_proj,v_proj ... --output_dir outputs/sft_llm
 
-trains a small LlamaForCausalLM built from a config on the bundled tweets as instruction pairs
-("Tweet: ...\\nSentiment:" -> " positive"), split by sentiment, and reports each evaluated round's eval loss,
-perplexity and generation accuracy (greedy answer, first word) in federated_history.json/.png.
+(the flags are the Makefile's ``DEMO_LLM_FLAGS``): LoRA on the pretrained Gemma-3-270M (built once into a cache
+from the ``llm-demo`` extra) over the bundled tweets as instruction pairs ("Tweet: ...\\nSentiment:" ->
+" positive"), split by sentiment; ``bundled-tiny-llama`` instead trains a small LlamaForCausalLM built from a
+config. Each evaluated round's eval loss, perplexity and generation accuracy (greedy answer, first word) go to
+federated_history.json/.png.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A recipe is a YAML file with four sections (``lora`` is optional)::
 
     model: {name_or_path: bundled-minilm, task: sequence-classification, num_labels: 3}
     lora:  {r: 16, lora_alpha: 32, target_modules: [query, value]}     # peft.LoraConfig keyword arguments
-    data:  {dataset: bundled-tweets, train_rows: 8000, eval_rows: 1000, max_length: 64}
+    data:  {dataset: bundled-tweets, train_rows: 8000, eval_rows: 500, max_length: 64}
     train: {algorithm: scaffold, num_clients: 12, ...}                  # FederatedConfig fields
 
 Every key is checked before any model or data is loaded, so a typo fails naming it. A task is one entry of

@@ -11,12 +11,9 @@ beside the product. A boolean ``logits_to_keep`` (fedhf's labelled positions) al
 
 from __future__ import annotations
 
-import weakref
-
 import torch
+from peft import PeftModel
 from transformers import PreTrainedModel
-
-_HOOKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 
 
 def _contiguous_input(module: torch.nn.Module, args: tuple):
@@ -28,11 +25,10 @@ def _contiguous_input(module: torch.nn.Module, args: tuple):
 def feed_head_contiguously(model: torch.nn.Module) -> bool:
     """Give ``model``'s output embeddings (a transformers model, or a peft wrapper around one) a forward pre-hook
     that makes their input contiguous; idempotent. Returns whether the model has such a head."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper, as elsewhere
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
     head = base.get_output_embeddings() if isinstance(base, PreTrainedModel) else None
     if not isinstance(head, torch.nn.Module):
         return False
-    if head not in _HOOKED:
+    if _contiguous_input not in head._forward_pre_hooks.values():  # a deep copy carries its original's hook
         head.register_forward_pre_hook(_contiguous_input)
-        _HOOKED.add(head)
     return True

@@ -20,6 +20,7 @@ from ..core.params import federated_buffers
 from ..runtime.lora_layers import lora_layers
 from ..sharing.alternating import ROLORA
 from ..sharing.plan import PERSONAL, SHARED
+from .compression import compressed_model_change
 
 
 @dataclass
@@ -108,9 +109,8 @@ def _batched(s: Setup) -> bool:
 def _compressed_delta(s: Setup, linear_ok: bool = False) -> List[str]:
     """The shared tensors whose model change (``dx``) the uplink compresses (non-linear compressors only, when
     ``linear_ok``: a linear one's sum of encodings decodes to the sum, which a sum-reading rule can take)."""
-    plan = parse_plan(s.args.uplink_compression)
-    return [n for n in s.shared
-            if plan.pick(f"dx.{n}") is not None and not (linear_ok and plan.pick(f"dx.{n}").linear)]
+    picked = compressed_model_change(parse_plan(s.args.uplink_compression), s.shared)
+    return [name for name, compressor in picked.items() if not (linear_ok and compressor.linear)]
 
 
 def _compressed_text(s: Setup, why: str, fix: str, linear_ok: bool = False) -> str:

@@ -14,8 +14,6 @@ from .field_help import choice_list
 class CompressionSettings:
     r"""
     Communication compression, a base of :class:`fedhf.FederatedConfig` (each parameter is its flag or recipe key).
-    Only defaulted fields (in FederatedConfig's field order they follow TrainingArguments', and a dataclass field
-    without a default cannot follow one with) and no methods (FederatedConfig's ``__post_init__`` checks them).
 
     Parameters:
         uplink_compression (`str`, defaults to `"none"`): what each client's tensors are compressed with.

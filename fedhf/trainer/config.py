@@ -62,9 +62,11 @@ def _as_dict(value: Union[str, Dict[str, Any], None], name: str) -> Dict[str, An
     raise ValueError(f"`{name}` must be a dict or a JSON object string such as '{{\"beta\": 0.5}}', got {value!r}.")
 
 
-# The data split, compression and privacy fields are declared in their own bases (fedhf/trainer/*_settings.py).
-# dataclasses.fields() takes the bases' fields in reverse MRO order: TrainingArguments' first, as before, then the
-# three groups in the docstring's order (the last base's first), then FederatedConfig's own.
+# The data split, compression and privacy fields are declared in their own bases (fedhf/trainer/*_settings.py):
+# only defaulted fields (they follow TrainingArguments', and a field without a default cannot follow one with) and
+# no methods (__post_init__ below checks them). dataclasses.fields() takes the bases' fields in reverse MRO order:
+# TrainingArguments' first, then the three groups (the last base's first), then FederatedConfig's own; so --help
+# and to_dict() list those groups before num_clients and algorithm. Nothing reads the fields by position.
 @dataclass
 class FederatedConfig(PrivacySettings, CompressionSettings, PartitionSettings, TrainingArguments):
     r"""

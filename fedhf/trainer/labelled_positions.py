@@ -26,6 +26,7 @@ class LabelledPositionsLoss:
     before ``Trainer``, so ``super()`` reaches Trainer's (or trl's SFTTrainer's, under FederatedSFTTrainer)."""
 
     reads_every_logit = False  # a subclass whose compute_loss reads every position's logits sets True
+    labelled_logits = False  # set per trainer by projects_labelled_positions_only
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Trainer's loss; a causal LM projects only its labelled positions (``logits_at_labels_only``) when

@@ -13,7 +13,7 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 * client store -- per client: its correction state (SCAFFOLD c_i, tracking y_i), a kept Theta (at most the
   optimizer state), its personal tensors (fp32) and, with uplink compression and ``error_feedback``, the float64
   residual of every model-change tensor the plan compresses (fedhf/trainer/compression.py; the residuals of
-  compressed state messages are not counted, a note says so), x ``num_clients``; capped by ``client_state_budget_mb``
+  compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so), x ``num_clients``; capped by ``client_state_budget_mb``
   (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
@@ -37,7 +37,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   micro-batch, or with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py) the rows x the most labelled
   tokens of any training row. The 4 transient tensors were calibrated on the peak resident set of
   benchmarks/memory_plan.py (fresh process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client
-  beyond the other rows is 4.0-4.1 of them for C = 1 to 16. A warm loop that reuses freed memory peaks lower (1.5-1.8 of them): the row is conservative.
+  beyond the other rows is 4.0-4.1 of them for C = 1 to 16. A warm loop that reuses freed memory peaks lower
+  (1.5-1.8 of them): the row is conservative.
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
@@ -78,9 +79,9 @@ from transformers import PreTrainedModel
 
 from ..compression import parse_plan
 from ..core.params import num_bytes
+from .compression import compressed_model_change
 
 GIB = 2**30
-MODEL_CHANGE = "dx."  # the key prefix of a client's model change in its message (fedhf/trainer/local_steps.py)
 
 
 @dataclass
@@ -262,8 +263,8 @@ def plan_memory(trainer, run) -> MemoryPlan:
     personal = sum(t.numel() * 4 for t in trainer.plan.personal.values())  # kept as fp32 snapshots
     residuals = error_feedback_bytes(args, run.global_params)
     if residuals:
-        notes.append("error feedback: the residuals of the model change are counted, those of compressed state "
-                     "messages (if any) are not")
+        notes.append("error feedback: the residuals of the model change are counted; those of compressed buffers "
+                     "and state messages, and PowerSGD's per-client Q, are not")
     per_client = algo.correction.client_state_bytes(run.global_params) + kept_theta + personal + residuals
     activations, logits = _activation_bytes(trainer, notes)
     sums, products, gathered = _round_bytes(trainer, run, optimizer or 0)
@@ -286,11 +287,11 @@ def plan_memory(trainer, run) -> MemoryPlan:
 
 def error_feedback_bytes(args, shared) -> int:
     """One client's error-feedback residuals of its model change: float64, for each tensor the uplink plan
-    compresses (the message key of a shared tensor ``name`` is ``dx.name``)."""
+    compresses."""
     if not args.error_feedback:
         return 0
-    plan = parse_plan(args.uplink_compression)
-    return sum(8 * t.numel() for name, t in shared.items() if plan.pick(f"{MODEL_CHANGE}{name}") is not None)
+    compressed = compressed_model_change(parse_plan(args.uplink_compression), shared)
+    return sum(8 * shared[name].numel() for name in compressed)
 
 
 def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:

@@ -15,8 +15,6 @@ from .field_help import choice_list
 class PartitionSettings:
     r"""
     The data split, a base of :class:`fedhf.FederatedConfig` (each parameter is its flag or recipe key).
-    Only defaulted fields (in FederatedConfig's field order they follow TrainingArguments', and a dataclass field
-    without a default cannot follow one with) and no methods (FederatedConfig's ``__post_init__`` checks them).
 
     Parameters:
         partition (`str`, defaults to `"dirichlet"`): how rows go to clients.

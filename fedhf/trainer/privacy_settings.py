@@ -19,9 +19,7 @@ DP_MODES = ("off", "central", "distributed")
 class PrivacySettings:
     r"""
     Client-level differential privacy and simulated secure aggregation (docs/privacy.md), a base of
-    :class:`fedhf.FederatedConfig` (each parameter is its flag or recipe key). Only defaulted fields (in
-    FederatedConfig's field order they follow TrainingArguments', and a dataclass field without a default cannot
-    follow one with) and no methods (FederatedConfig's ``__post_init__`` calls :func:`check_privacy_fields`).
+    :class:`fedhf.FederatedConfig` (each parameter is its flag or recipe key).
 
     Parameters:
         client_sampling (`str`, defaults to `"fixed"`): how a round's clients are drawn (fixed size or Poisson).

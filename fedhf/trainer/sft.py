@@ -7,6 +7,9 @@ One round loop for every Trainer subclass, by cooperative multiple inheritance, 
     FederatedSFTTrainer -> FederatedTrainer -> SFTTrainer -> Trainer
     FederatedSFTConfig  -> FederatedConfig  -> SFTConfig  -> TrainingArguments
 
+(abbreviated: FederatedTrainer's base LabelledPositionsLoss and FederatedConfig's settings bases, which declare only
+fields, sit before SFTTrainer / SFTConfig in the order Python resolves methods).
+
 ``FederatedTrainer.train`` (the rounds) and its checkpoints come first; trl's ``__init__`` (dataset preparation,
 collator, peft), ``compute_loss``, ``training_step``, ``evaluate`` and ``log`` run inside the rounds. The defaults
 fedhf sets on purpose take fedhf's meaning (``learning_rate`` and ``weight_decay`` default to the algorithm's paper

@@ -128,15 +128,19 @@ def test_a_client_state_budget_caps_the_store_row(tmp_path, tokenizer, sft):
     assert trainer.memory_plan.client_store_bytes_per_client * 4 > int(0.01 * 2**20)
 
 
-def test_the_store_row_counts_error_feedbacks_residuals(tmp_path, tokenizer, sft):
-    """Uplink int8 with error feedback keeps a float64 residual of each client's model change in the store."""
-    trainer = _trainer(tmp_path, tokenizer, sft, algorithm="fedavg", local_steps=1, uplink_compression="int8")
+@pytest.mark.parametrize("uplink", ["int8", "lora_A=int8"])
+def test_the_store_row_counts_error_feedbacks_residuals(tmp_path, tokenizer, sft, uplink):
+    """Uplink compression with error feedback keeps a float64 residual of each compressed tensor of a client's
+    model change in the store: all of them, or only LoRA A's under a partial plan."""
+    trainer = _trainer(tmp_path, tokenizer, sft, algorithm="fedavg", local_steps=1, uplink_compression=uplink)
     trainer.train()
     held = {sum(t.numel() * t.element_size() for t in trainer.client_store.get(cid, RESIDUAL).values())
             for cid in range(4)}
-    assert held == {trainer.memory_plan.client_store_bytes_per_client} and held != {0}
+    lora_a = sum(t.numel() for n, t in trainer.plan.trained().items() if "lora_A" in n)
+    assert held == {trainer.memory_plan.client_store_bytes_per_client}
+    assert held != {8 * lora_a} if uplink == "int8" else held == {8 * lora_a}
     plain = _trainer(tmp_path / "plain", tokenizer, sft, algorithm="fedavg", local_steps=1,
-                     uplink_compression="int8", error_feedback=False)
+                     uplink_compression=uplink, error_feedback=False)
     plain.train()
     assert plain.memory_plan.client_store_bytes_per_client == 0
 
