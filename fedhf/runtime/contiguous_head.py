@@ -1,12 +1,13 @@
 """A causal LM's output projection fed a contiguous input.
 
-transformers' causal LMs slice their last hidden states before the head: ``logits_to_keep=1`` in every step of
-``generate``, or an int in a forward, makes ``hidden[:, -k:, :]``, a strided view. torch's CPU ``linear`` does
-not fold a strided 3-D input into one matrix product; it broadcasts the weight into a batched product, which on
-a large head is hundreds of times slower. Measured on the project's 2-core AVX512-BF16 CPU with Gemma-3-270M's
-head (262,144 x 640) and the last position of 50 rows of 67 tokens: bfloat16 65 s against 0.065 s for the same
-rows made contiguous; float32 1.8 s against 0.24 s. The copy is batch x kept positions x hidden numbers: nothing
-beside the product. A boolean ``logits_to_keep`` (fedhf's labelled positions) already gathers a contiguous copy.
+transformers' causal LMs slice their last hidden states before the head: an int ``logits_to_keep=k`` in a
+forward makes ``hidden[:, -k:, :]``, a strided view. torch's CPU ``linear`` does not fold a strided 3-D input into
+one matrix product, and on a large head that is hundreds of times slower. Measured on the project's 2-core
+AVX512-BF16 CPU with Gemma-3-270M's head (262,144 x 640) and the last position of 50 rows of 67 tokens: bfloat16
+65 s against 0.065 s for the same rows made contiguous; float32 1.8 s against 0.24 s. (``generate`` in
+transformers 5.24 was not slowed: 64 prompts x 3 tokens took 3.4 s with and without the hook; the hook covers it
+all the same, as any forward that slices.) The copy is batch x kept positions x hidden numbers, and an input
+already contiguous (a boolean ``logits_to_keep``, fedhf's labelled positions, gathers one) is not copied.
 """
 
 from __future__ import annotations

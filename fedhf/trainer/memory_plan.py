@@ -13,8 +13,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 * client store -- per client: its correction state (SCAFFOLD c_i, tracking y_i), a kept Theta (at most the
   optimizer state), its personal tensors (fp32) and, with uplink compression and ``error_feedback``, the float64
   residual of every model-change tensor the plan compresses (fedhf/trainer/compression.py; the residuals of
-  compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so), x ``num_clients``; capped by ``client_state_budget_mb``
-  (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
+  compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so),
+  x ``num_clients``; capped by ``client_state_budget_mb`` (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
   counted at that state's size), the optimizer's Theta for the drift metric and, when the state-sync rule averages
