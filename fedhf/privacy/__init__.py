@@ -5,8 +5,8 @@ Pure functions and thin classes; the round hook that applies them is fedhf/train
 """
 
 from .accountant import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, calibrate_noise, adaptive_noise_split
-from .clipping import adaptive_clip_update, clip_jointly, joint_norm
+from .clipping import adaptive_clip_update, centred_bit, clip_jointly, joint_norm
 from .secagg import SecAggCodec
 
 __all__ = ["ACCOUNTANTS", "SAMPLINGS", "PrivacyAccountant", "calibrate_noise", "adaptive_noise_split",
-           "adaptive_clip_update", "clip_jointly", "joint_norm", "SecAggCodec"]
+           "adaptive_clip_update", "centred_bit", "clip_jointly", "joint_norm", "SecAggCodec"]

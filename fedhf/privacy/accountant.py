@@ -12,9 +12,17 @@ event per round, composed over the rounds. The unit of privacy is a client (all 
   Moments Accountant", AISTATS 2019, arXiv:1808.00087), RDP only. Replacing a client moves the clipped sum by up to
   2C, so the noise multiplier the event gets is sigma / 2.
 
-Adaptive clipping adds a noisy count of std sigma_b per round; Andrew et al. (NeurIPS 2021, arXiv:1905.03871,
-Theorem 1) show the pair is one Gaussian mechanism with z = (z_delta^-2 + (2 sigma_b)^-2)^-1/2, so the accountant
-composes that z, and the sums get z_delta (:func:`adaptive_noise_split`).
+Adaptive clipping adds a noisy count of std sigma_b per round. Each client's bit is centred, b_i - 1/2 (as
+tensorflow_privacy's ``QuantileEstimatorQuery`` sends it), so one client moves the count by 1/2 under add-or-remove
+and by at most 1 under replace-one, half of what it moves the sums by (C and 2C) in units of C: Andrew et al.
+(NeurIPS 2021, arXiv:1905.03871, Theorem 1) then show the pair is one Gaussian mechanism with
+z = (z_delta^-2 + (2 sigma_b)^-2)^-1/2 under either relation, so the accountant composes that z, and the sums get
+z_delta (:func:`adaptive_noise_split`). (An uncentred bit in {0, 1} would double the count's sensitivity under
+add-or-remove, and the true z would be (z_delta^-2 + sigma_b^-2)^-1/2.)
+
+Against a party that knows who took part (the server of a distributed-DP run), sampling amplifies nothing: a
+participating client's release is the plain Gaussian, composed over the rounds it took part in
+(:meth:`PrivacyAccountant.epsilon_without_sampling`).
 """
 
 from __future__ import annotations
@@ -109,6 +117,26 @@ class PrivacyAccountant:
         with _quiet():
             accountant = fresh_accountant(self.kind, self.sampling)
             accountant.compose(self.event(rounds))
+            return float(accountant.get_epsilon(self.delta))
+
+    def epsilon_without_sampling(self, rounds: int) -> float:
+        """Epsilon of ``rounds`` participations seen by someone who knows the cohort: the Gaussian of every round a
+        client took part in, not amplified by sampling (the same neighbouring relation, so sigma / 2 for
+        replace-one's sensitivity 2C); RDP."""
+        if rounds == 0:
+            return 0.0
+        if self.noise_multiplier == 0:
+            return math.inf
+        dp_accounting = _library()
+        from dp_accounting.rdp import RdpAccountant
+
+        replace_one = self.sampling == "fixed"
+        relation = dp_accounting.NeighboringRelation
+        gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier / 2.0 if replace_one else self.noise_multiplier)
+        with _quiet():
+            accountant = RdpAccountant(neighboring_relation=relation.REPLACE_ONE if replace_one
+                                       else relation.ADD_OR_REMOVE_ONE)
+            accountant.compose(gaussian, rounds)
             return float(accountant.get_epsilon(self.delta))
 
     def step(self) -> float:

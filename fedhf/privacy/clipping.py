@@ -7,7 +7,8 @@ and the model delta it came with are shrunk together, and the bound C covers the
 
 Adaptive clipping follows a target quantile gamma of the clients' norms (Andrew, Thakkar, McMahan, Ramaswamy,
 "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021, arXiv:1905.03871): each client reports
-whether its norm was at most C; the server's noisy fraction b~ updates C <- C exp(-eta (b~ - gamma)).
+whether its norm was at most C as a centred bit, 1/2 or -1/2 (:func:`centred_bit`); the server unshifts the noisy
+sum, b~ = (sum_i (b_i - 1/2) + noise) / S + 1/2, and updates C <- C exp(-eta (b~ - gamma)).
 """
 
 from __future__ import annotations
@@ -36,9 +37,16 @@ def clip_jointly(tensors: Mapping[str, torch.Tensor], clip_norm: float) -> Tuple
     return {k: v.to(torch.float64) * factor for k, v in tensors.items()}, norm
 
 
-def adaptive_clip_update(clip_norm: float, noisy_below: float, expected_clients: float, quantile: float,
+def centred_bit(norm: float, clip_norm: float) -> float:
+    """What a client adds to the clipped count: [norm <= C] - 1/2, so that one client moves the sum by 1/2 (the
+    sensitivity Andrew et al.'s noise split assumes; tensorflow_privacy's QuantileEstimatorQuery does the same)."""
+    return float(norm <= clip_norm) - 0.5
+
+
+def adaptive_clip_update(clip_norm: float, noisy_centred_sum: float, expected_clients: float, quantile: float,
                          learning_rate: float) -> float:
     """Andrew et al.'s geometric update: C exp(-eta (b~ - gamma)), with b~ the noisy fraction of clients whose
-    norm was at most C (the noisy count over the expected cohort size, clamped to [0, 1])."""
-    fraction = min(max(noisy_below / expected_clients, 0.0), 1.0)
+    norm was at most C: the noisy sum of centred bits over the expected cohort size, unshifted by 1/2 and clamped
+    to [0, 1]."""
+    fraction = min(max(noisy_centred_sum / expected_clients + 0.5, 0.0), 1.0)
     return clip_norm * math.exp(-learning_rate * (fraction - quantile))

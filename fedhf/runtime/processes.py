@@ -87,6 +87,17 @@ def process_world(args, client_parallel: bool = False) -> ProcessWorld:
     return world
 
 
+def value_of_the_main_process(value):
+    """``value`` as process 0 holds it, on every process (one broadcast; as it is when torch.distributed is not
+    initialised). For what every process must agree on but only one may draw, e.g. the privacy secret."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 _teardown_registered = False
 
 

@@ -24,7 +24,7 @@ FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_s
                       "metric_for_best_model", "greater_is_better", "load_best_model_at_end", "uplink_compression",
                       "downlink_compression", "error_feedback", "client_sampling", "dp_mode", "dp_clip_norm",
                       "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_accountant", "dp_adaptive_clip_quantile",
-                      "secure_aggregation", "secagg_bits", "secagg_range")
+                      "secure_aggregation", "secagg_bits", "secagg_range", "dp_min_survivors", "dp_reproducible_noise")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
                 "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None,
@@ -34,7 +34,7 @@ ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity
                 "error_feedback": True, "client_sampling": "fixed", "dp_mode": "off", "dp_clip_norm": None,
                 "dp_epsilon": None, "dp_delta": None, "dp_noise_multiplier": None, "dp_accountant": "rdp",
                 "dp_adaptive_clip_quantile": None, "secure_aggregation": False, "secagg_bits": 20,
-                "secagg_range": None}
+                "secagg_range": None, "dp_min_survivors": None, "dp_reproducible_noise": False}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params", "compression_state")

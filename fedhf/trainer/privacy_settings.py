@@ -33,6 +33,8 @@ class PrivacySettings:
         dp_adaptive_clip_quantile (`float`, *optional*): adaptive clipping's target quantile of the norms.
         dp_adaptive_clip_lr (`float`, defaults to `0.2`): adaptive clipping's step on log C.
         dp_adaptive_clip_count_std (`float`, *optional*): noise std of the clipped count; default cohort / 20.
+        dp_min_survivors (`int`, *optional*): distributed DP: the fewest clients a round may be released with.
+        dp_reproducible_noise (`bool`, defaults to `False`): noise from the seed (tests only; voids the guarantee).
         secure_aggregation (`bool`, defaults to `False`): simulate secure aggregation (masked, quantised sums).
         secagg_bits (`int`, defaults to `20`): bits per element of the fixed-point encoding.
         secagg_range (`float`, *optional*): the encoding's range [-c, c]; default C under DP, else 8.0.
@@ -71,6 +73,18 @@ class PrivacySettings:
         default=0.2, metadata={"help": "Adaptive clipping's step: C <- C exp(-lr (fraction below C - quantile))."})
     dp_adaptive_clip_count_std: Optional[float] = field(
         default=None, metadata={"help": "Noise std of adaptive clipping's count; default clients_per_round / 20."})
+    dp_min_survivors: Optional[int] = field(
+        default=None,
+        metadata={"help": "Distributed DP: each client's noise share is sized so that this many survivors' shares "
+                          "together carry the accounted noise; a round with fewer survivors (clients dropped after "
+                          "the masks were agreed) is not released. Default: clients_per_round (any dropout voids "
+                          "the round)."})
+    dp_reproducible_noise: bool = field(
+        default=False,
+        metadata={"help": "VOIDS THE PRIVACY GUARANTEE; for tests and debugging only. Draw the DP noise, the noise "
+                          "shares and secure aggregation's masks from the run's seed (which the model card prints) "
+                          "instead of a secret from the operating system's entropy, so runs repeat exactly. The "
+                          "card then says so; refused with push_to_hub."})
     secure_aggregation: bool = field(
         default=False,
         metadata={"help": "Simulate secure aggregation: messages quantised to secagg_bits, masked with pairwise "
@@ -115,6 +129,17 @@ def sums_noise_multiplier(args, z: float) -> float:
     return adaptive_noise_split(z, count_std(args))
 
 
+def min_survivors(args) -> int:
+    """Distributed DP: the fewest survivors whose shares carry the accounted noise (default the whole cohort)."""
+    return args.dp_min_survivors if args.dp_min_survivors is not None else args.clients_per_round
+
+
+def share_noise_multiplier(args, z_sums: float) -> float:
+    """Distributed DP: one client's share of the noise, per unit of C: z / sqrt(S_min), so that any S_min or more
+    surviving shares sum to at least the accounted z C."""
+    return z_sums / math.sqrt(min_survivors(args))
+
+
 def accountant(args, z: float) -> PrivacyAccountant:
     return PrivacyAccountant(z, dp_delta(args), args.client_sampling, args.num_clients, args.clients_per_round,
                              args.dp_accountant)
@@ -126,7 +151,7 @@ def secagg_codec(args, z_sums: Optional[float]) -> SecAggCodec:
     if args.secagg_range is not None:
         clip_range = args.secagg_range
     elif dp_on(args):
-        share = z_sums / math.sqrt(args.clients_per_round) if args.dp_mode == "distributed" else 0.0
+        share = share_noise_multiplier(args, z_sums) if args.dp_mode == "distributed" else 0.0
         clip_range = args.dp_clip_norm * (1.0 + 4.0 * share)
     else:
         clip_range = 8.0
@@ -155,6 +180,18 @@ def check_privacy_fields(args) -> None:
          "`dp_adaptive_clip_count_std` must be > 0"),
         (1 <= args.secagg_bits <= 31, "`secagg_bits` must be in [1, 31] (the sums live in Z_2^32), e.g. 20"),
         (args.secagg_range is None or args.secagg_range > 0, "`secagg_range` must be > 0"),
+        (not (on and args.dp_adaptive_clip_quantile is not None and args.dp_noise_multiplier == 0),
+         "adaptive clipping needs noise on its count: dp_noise_multiplier=0 gives it none; set "
+         "dp_noise_multiplier > 0 (or dp_adaptive_clip_quantile=None for a fixed dp_clip_norm)"),
+        (args.dp_min_survivors is None or args.dp_mode == "distributed",
+         "`dp_min_survivors` sizes distributed DP's noise shares: set dp_mode='distributed' or leave it unset"),
+        (args.dp_min_survivors is None or 1 <= args.dp_min_survivors <= args.clients_per_round,
+         f"`dp_min_survivors` must be in [1, clients_per_round={args.clients_per_round}]"),
+        (not (args.dp_reproducible_noise and args.push_to_hub),
+         "`dp_reproducible_noise=True` draws the noise from the seed the model card prints, which voids the privacy "
+         "guarantee: it is for tests only and cannot be combined with push_to_hub; set dp_reproducible_noise=False"),
+        (not args.dp_reproducible_noise or on or args.secure_aggregation,
+         "`dp_reproducible_noise` is set but neither dp_mode nor secure_aggregation is on: leave it unset"),
         (args.dp_adaptive_clip_quantile is None or not args.secure_aggregation,
          "adaptive clipping's per-client bit (norm <= C) is not part of the secure sum here, so the server would see "
          "it in the clear: set dp_adaptive_clip_quantile=None (a fixed dp_clip_norm) with secure_aggregation"),
@@ -184,6 +221,11 @@ def check_privacy_fields(args) -> None:
         if z is not None:
             adaptive_noise_split(z, count_std(args))  # raises with the fix when the count's noise is too small
     if on and args.dp_noise_multiplier is not None and args.dp_epsilon is not None:
+        first = accountant(args, args.dp_noise_multiplier).epsilon(1)
+        if first > args.dp_epsilon:
+            raise ValueError(f"one round at dp_noise_multiplier={args.dp_noise_multiplier} spends epsilon {first:.3g} "
+                             f"> dp_epsilon={args.dp_epsilon}: not even the first round fits the budget; raise "
+                             "dp_noise_multiplier, or leave it unset to calibrate it to dp_epsilon.")
         planned = accountant(args, args.dp_noise_multiplier).epsilon(args.num_rounds)
         if planned > args.dp_epsilon and not args.dp_stop_at_budget:
             raise ValueError(f"`num_rounds={args.num_rounds}` with dp_noise_multiplier={args.dp_noise_multiplier} "
@@ -211,6 +253,12 @@ def privacy_card_rows(args, history) -> list:
             f"| accountant / client sampling | dp-accounting {args.dp_accountant.upper()} / {sampling} |",
             f"| clip norm C / noise multiplier sigma | {clip} / {last['dp_noise_multiplier']:.4g} |",
         ]
+        if "dp_epsilon_vs_server_one_round" in last:
+            rows.append(f"| epsilon against the server (it knows the cohort; no amplification by sampling) | "
+                        f"{last['dp_epsilon_vs_server_one_round']:.4g} per round a client takes part, "
+                        f"{last['dp_epsilon_vs_server_every_round']:.4g} for a client in all {last['round']} rounds |")
+    if (dp_on(args) or args.secure_aggregation) and args.dp_reproducible_noise:
+        rows.append("| noise | simulation: noise reproducible from the seed, no guarantee |")
     if args.secure_aggregation:
         rows.append(f"| secure aggregation (simulated) | {args.secagg_bits}-bit fixed point, pairwise masks mod 2^32 |")
     return rows
