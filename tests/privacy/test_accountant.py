@@ -72,3 +72,12 @@ def test_adaptive_split_is_andrew_et_al_theorem_1():
     assert math.isclose(z_delta, (1 - 1 / 16) ** -0.5)
     with pytest.raises(ValueError, match="raise dp_adaptive_clip_count_std"):
         adaptive_noise_split(1.0, 0.4)
+
+
+def test_epsilon_without_sampling_is_the_plain_gaussian_composed():
+    """What a party that knows the cohort sees: no amplification (fixed sampling: replace-one, sigma / 2)."""
+    ours = PrivacyAccountant(1.3, 1e-5, "fixed", num_clients=300, cohort=10)
+    direct = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    direct.compose(dp_accounting.GaussianDpEvent(0.65), 4)
+    assert ours.epsilon_without_sampling(4) == direct.get_epsilon(1e-5)
+    assert ours.epsilon_without_sampling(4) > ours.epsilon(4) and ours.epsilon_without_sampling(0) == 0.0

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from fedhf.privacy import adaptive_clip_update, clip_jointly, joint_norm
+from fedhf.privacy import adaptive_clip_update, centred_bit, clip_jointly, joint_norm
 
 
 def _message(scale: float, seed: int):
@@ -38,9 +38,12 @@ def test_a_message_within_c_is_unchanged_and_parts_keep_their_ratio():
     assert math.isclose(float(first), 1.0 / norm, rel_tol=1e-9)
 
 
-def test_adaptive_update_is_andrew_et_al_geometric_step():
-    # 6 of 10 expected clients below C, target quantile 0.5, eta 0.2: C exp(-0.2 (0.6 - 0.5))
-    assert math.isclose(adaptive_clip_update(2.0, 6.0, 10, 0.5, 0.2), 2.0 * math.exp(-0.02))
+def test_adaptive_update_is_andrew_et_al_geometric_step_on_centred_bits():
+    # 6 of 10 expected clients below C: the centred bits sum to 6 x 1/2 + 4 x (-1/2) = 1, unshifted to 1/10 + 1/2;
+    # target quantile 0.5, eta 0.2: C exp(-0.2 (0.6 - 0.5))
+    bits = [centred_bit(0.5, 1.0)] * 6 + [centred_bit(1.5, 1.0)] * 4
+    assert bits[0] == 0.5 and bits[-1] == -0.5 and sum(bits) == 1.0
+    assert math.isclose(adaptive_clip_update(2.0, sum(bits), 10, 0.5, 0.2), 2.0 * math.exp(-0.02))
     # the noisy fraction is clamped to [0, 1]
-    assert math.isclose(adaptive_clip_update(2.0, -3.0, 10, 0.5, 0.2), 2.0 * math.exp(0.1))
-    assert math.isclose(adaptive_clip_update(2.0, 30.0, 10, 0.5, 0.2), 2.0 * math.exp(-0.1))
+    assert math.isclose(adaptive_clip_update(2.0, -8.0, 10, 0.5, 0.2), 2.0 * math.exp(0.1))
+    assert math.isclose(adaptive_clip_update(2.0, 25.0, 10, 0.5, 0.2), 2.0 * math.exp(-0.1))

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedhf.runtime.processes import ProcessWorld, cpu_only_launch, launched_processes, process_world
+from fedhf.runtime.processes import (ProcessWorld, cpu_only_launch, launched_processes, process_world,
+                                     value_of_the_main_process)
 
 
 def test_client_map_covers_every_client_once():
@@ -44,3 +45,34 @@ def test_cpu_only_launch_needs_several_processes_and_no_gpu(monkeypatch):
     assert cpu_only_launch() is (not torch.cuda.is_available())
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert cpu_only_launch() is False
+
+
+def _agree(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        out.put((rank, value_of_the_main_process(1000 + rank)))  # each process drew its own value
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_process_gets_the_main_process_value():
+    """What only one process may draw (the privacy secret) is the same on every process: process 0's."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    assert value_of_the_main_process(7) == 7  # no process group: as it is
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    processes = [context.Process(target=_agree, args=(rank, port, out)) for rank in range(2)]
+    for p in processes:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in processes)
+    for p in processes:
+        p.join(timeout=60)
+    assert results == {0: 1000, 1: 1000}
