@@ -222,7 +222,7 @@ def check_privacy_fields(args) -> None:
             adaptive_noise_split(z, count_std(args))  # raises with the fix when the count's noise is too small
     if on and args.dp_noise_multiplier is not None and args.dp_epsilon is not None:
         first = accountant(args, args.dp_noise_multiplier).epsilon(1)
-        if first > args.dp_epsilon:
+        if args.dp_stop_at_budget and first > args.dp_epsilon:  # the run would stop before its first round
             raise ValueError(f"one round at dp_noise_multiplier={args.dp_noise_multiplier} spends epsilon {first:.3g} "
                              f"> dp_epsilon={args.dp_epsilon}: not even the first round fits the budget; raise "
                              "dp_noise_multiplier, or leave it unset to calibrate it to dp_epsilon.")

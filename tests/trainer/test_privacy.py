@@ -26,7 +26,7 @@ from fedhf.core.sums import RoundSums
 from fedhf.privacy import SecAggCodec
 from fedhf.trainer.hooks import ClientMessages, RoundHook
 from fedhf.trainer.privacy import NOISE_STREAM, Privacy, full_items, protected
-from fedhf.trainer.privacy_settings import count_std, privacy_card_rows
+from fedhf.trainer.privacy_settings import check_privacy_fields, count_std, privacy_card_rows
 from fedhf.trainer.round_features import round_hooks
 from tests.helpers import config, lora_minilm, trainable_state, tweet_trainer
 
@@ -121,6 +121,9 @@ def test_the_noise_follows_a_secret_drawn_per_run_not_the_seed_the_card_prints(t
     assert "| noise | simulation: noise reproducible from the seed, no guarantee |" in \
         privacy_card_rows(reproducible, history)
     assert not any("reproducible" in row for row in privacy_card_rows(args, history))
+    reproducible.push_to_hub = True  # (the offline suite refuses push_to_hub itself first, so checked here)
+    with pytest.raises(ValueError, match="dp_reproducible_noise=True.*cannot be combined with push_to_hub"):
+        check_privacy_fields(reproducible)
     # every process uses the main process's secret (broadcast), shares and secure aggregation's masks included
     monkeypatch.setattr(privacy_hook, "value_of_the_main_process", lambda value: 12345)
     secure = config(tmp_path, num_clients=4, clients_per_round=4, dp_mode="distributed", dp_clip_norm=1.0,
@@ -283,11 +286,11 @@ class _DropsClientTwo(FederatedTrainer):
 def test_secure_aggregation_decodes_to_the_quantised_plaintext_sum(tmp_path, minilm, tweets, tokenizer, monkeypatch,
                                                                    algorithm):
     settings = dict(num_rounds=1, num_clients=3, clients_per_round=3, secure_aggregation=True, secagg_range=1.0,
-                    secagg_bits=16, **algorithm)
+                    secagg_bits=16, dp_reproducible_noise=True, **algorithm)  # the same rounding in both runs
     trainer_class = _DropsClientTwo if algorithm.get("algorithm") == "fedavg" else None
     if trainer_class is not None:  # the decoded mean is the plain mean up to one quantisation step per element
         _, clear = _run(tmp_path, minilm, tweets, tokenizer, name="clear", trainer_class=trainer_class,
-                        **{**settings, "secure_aggregation": False})
+                        **{**settings, "secure_aggregation": False, "dp_reproducible_noise": False})
     masked, secure = _run(tmp_path, minilm, tweets, tokenizer, name="masked", trainer_class=trainer_class, **settings)
     monkeypatch.setattr(SecAggCodec, "mask", lambda self, encoded, *a: dict(encoded))  # plaintext quantised sums
     monkeypatch.setattr(SecAggCodec, "remove_dropped", lambda self, total, *a: dict(total))
