@@ -76,14 +76,17 @@ def _file_records(folder: str) -> Dict[str, dict]:
 
 
 def cache_is_valid(folder: str) -> bool:
-    """Whether ``folder`` holds a complete build: its manifest names the pinned source and every file it lists is
-    there with its size and sha256 (a truncated or changed file, or a missing manifest, is not)."""
+    """Whether ``folder`` holds a complete build: its manifest names the pinned source, every file it lists is
+    there with its size and sha256, and no other file is (a truncated, changed or added file, or a missing manifest,
+    is not: ``from_pretrained`` would read an added adapter_config.json and load another model)."""
     try:
         with open(os.path.join(folder, MANIFEST)) as f:
             manifest = json.load(f)
     except (OSError, ValueError):
         return False
     if manifest.get("source_sha256") != GGUF_SHA256 or not manifest.get("files"):
+        return False
+    if set(os.listdir(folder)) != set(manifest["files"]) | {MANIFEST}:  # an added file (an adapter) changes the model
         return False
     return all(os.path.isfile(os.path.join(folder, name))
                and os.path.getsize(os.path.join(folder, name)) == record["bytes"]
@@ -149,12 +152,26 @@ def gemma_3_270m_path(cache_dir: Optional[str] = None) -> str:
     return target
 
 
+# The Gemma Terms of Use, section 3.1: a Model Derivative is distributed with a "Notice" text file saying this.
+GEMMA_NOTICE = ("Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
+                "\nThis model was trained by fine-tuning Gemma (google/gemma-3-270m, as a Q4_K_M de-quantisation); its "
+                "use is subject to the use restrictions of the Gemma Terms of Use (section 3.2) and the Gemma "
+                "Prohibited Use Policy (ai.google.dev/gemma/prohibited_use_policy).\n")
+
+
 def bundled_origin(folder: str) -> Optional[Dict[str, str]]:
-    """``{"base_model": ..., "license": ...}`` of a folder this module built (its manifest), else None: a model
-    card of a model trained from it names the Hub model it came from and that model's license."""
+    """What a model card of a model trained from a folder this module built (its manifest) says of its base, else
+    None: ``base_model`` (the Hub model it came from), ``license``, ``card_note`` (the weights are a Q4_K_M
+    de-quantisation, not google's originals; the terms' notice) and ``notice`` (the NOTICE file's text)."""
     try:
         with open(os.path.join(folder, MANIFEST)) as f:
             manifest = json.load(f)
     except (OSError, ValueError):
         return None
-    return {"base_model": manifest["base_model"], "license": manifest["license"]}
+    base = manifest["base_model"]
+    note = (f"The base weights are fedhf's `{NAME}`: a Q4_K_M de-quantisation (fp32) of [{base}]"
+            f"(https://huggingface.co/{base}) from {manifest.get('source', GGUF_FILE)}, not google's original "
+            "weights; the evaluated model is this adapter on `fedhf.data.bundled_gemma.gemma_3_270m_path()`. "
+            "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms "
+            "(see NOTICE).")
+    return {"base_model": base, "license": manifest["license"], "card_note": note, "notice": GEMMA_NOTICE}

@@ -16,7 +16,7 @@ seed, so a run is reproducible; it hides nothing from someone who knows that see
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterable, Mapping, Sequence
+from typing import Dict, Iterable, Mapping, Sequence, Tuple
 
 import torch
 
@@ -44,6 +44,15 @@ class SecAggCodec:
     @property
     def step(self) -> float:
         return 2.0 * self.clip_range / self.levels
+
+    def out_of_range(self, tensors: Mapping[str, torch.Tensor]) -> Tuple[int, float]:
+        """(how many elements :meth:`quantise` would clamp by more than half a step, the largest |element|)."""
+        outside, largest = 0, 0.0
+        for x in tensors.values():
+            magnitude = x.detach().abs()
+            outside += int((magnitude > self.clip_range + self.step / 2).sum())  # less: within a rounding step
+            largest = max(largest, float(magnitude.max())) if magnitude.numel() else largest
+        return outside, largest
 
     def quantise(self, tensors: Mapping[str, torch.Tensor], round_index: int, client: int) -> Dict[str, torch.Tensor]:
         """Each value clamped to [-c, c] and rounded to one of 2^b levels, unbiasedly, with the client's own stream

@@ -38,6 +38,9 @@ class Aggregator(ABC):
     folds_into_base = False
     #: Aggregates LoRA products B_i A_i (fedhf/server/lora.py): every LoRA A and B must be shared.
     needs_lora_pairs = False
+    #: Each client sends its whole LoRA product w_i B_i A_i (an absolute state, not a change): DP's clip and fixed
+    #: denominator, meant for changes, would rescale the adapter itself (refused under DP).
+    sends_products = False
     #: Clients train only LoRA B; A is frozen on every client and set by the server alone (FedSVD).
     freezes_lora_a = False
     #: Rebuilds LoRA A and B in a new basis every round with the same product (FlexLoRA's and FedSVD's SVD, FLoRA's

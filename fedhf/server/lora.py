@@ -63,6 +63,7 @@ class ProductAggregator(Aggregator):
     """The client half these rules share: the clients' weighted products, as a sum."""
 
     needs_lora_pairs = True
+    sends_products = True
 
     def client_end(self, ctx: ClientContext, optimizer) -> Message:
         """w_i B_i A_i per adapted layer, keyed by the name of A. Not counted in the uplink (``nbytes=0``): a server

@@ -159,6 +159,43 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: _dp(s) and s.args.drift_spectral,
             lambda s: "`drift_spectral` reads every client's optimizer state, which DP does not release",
             "set drift_spectral=False under dp_mode"),
+    # what a DP run releases is what the accountant covers (docs/privacy.md, "What is released")
+    Refusal(lambda s: _dp(s) and PERSONAL in s.sharing_roles.values(),
+            lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, and the model fedhf "
+                      "evaluates, saves and pushes carries their clients' exact mean, which DP neither clips nor "
+                      "noises (and the model is not meaningful without them)",
+            "use parameter_sharing='all' under dp_mode (every trained tensor is clipped and noised), or turn "
+            "dp_mode off"),
+    Refusal(lambda s: _dp(s) and s.rule.aggregator.sends_products,
+            lambda s: f"`server_rule={s.rule.name!r}` has each client send its whole LoRA product B_i A_i, not a "
+                      "change: DP's clip and fixed denominator (meant for changes) would shrink and rescale the "
+                      "adapter itself, so the base moves even when no client changes anything",
+            "use server_rule='mean' (A and B averaged as changes) under dp_mode"),
+    Refusal(lambda s: _dp(s) and s.rule.aggregator.needs_preconditioners,
+            lambda s: f"`server_rule={s.rule.name!r}` inverts the sum of the clients' preconditioners, which the "
+                      "noise makes indefinite (an unbounded step)",
+            "use a server rule that reads sums without inverting them (mean, momentum, adam, ...) under dp_mode"),
+    Refusal(lambda s: _dp(s) and s.args.personalized_eval,
+            lambda s: "`personalized_eval` evaluates each client's own model on its own rows and logs the worst "
+                      "client: per-client statistics the accountant does not cover",
+            "set personalized_eval=False under dp_mode (the global model's eval_dataset metrics stay)"),
+    # secure aggregation: the server learns the round's sums and no single client's data
+    Refusal(lambda s: s.args.secure_aggregation and PERSONAL in s.sharing_roles.values(),
+            lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, whose published mean the "
+                      "server forms from each client's unmasked tensors, but `secure_aggregation=True` gives it only "
+                      "the sums", "use parameter_sharing='all' or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and s.args.drift_spectral,
+            lambda s: "`drift_spectral` reads every client's optimizer state, but `secure_aggregation=True` gives "
+                      "the server only the sums", "set drift_spectral=False or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and s.args.personalized_eval,
+            lambda s: "`personalized_eval` evaluates each client's own model and logs per-client statistics, but "
+                      "`secure_aggregation=True` gives the server only the sums",
+            "set personalized_eval=False or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and s.args.client_weighting != "uniform",
+            lambda s: f"`client_weighting={s.args.client_weighting!r}` sends each client's row count as its weight, "
+                      "in the clear beside the masked sums (a 0-d count cannot be masked on the codec's range), and "
+                      "scales its values past the codec's range",
+            "set client_weighting='uniform' with secure_aggregation"),
     Refusal(lambda s: s.args.secure_aggregation and _secagg_problem(s) is not None,
             lambda s: f"`secure_aggregation=True` gives the server only the sums, but algorithm "
                       f"{s.algorithm.name!r}: {_secagg_problem(s)}",

@@ -32,6 +32,9 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..compression import CompressionPlan, Compressor, compress_step, parse_plan
+from ..compression.domain import keep_domain
+from ..core.theta import GENERAL, split_theta_key
+from ..optim.base import OptimizerHooks
 from ..core.message import Message
 from ..core.params import TensorDict
 from ..core.schedule import stream_seed
@@ -51,7 +54,10 @@ def compressed_model_change(uplink: CompressionPlan, shared) -> Dict[str, Compre
 
 
 class Compression(RoundHook):
-    def __init__(self, uplink: Optional[str], downlink: Optional[str], error_feedback: bool) -> None:
+    def __init__(self, uplink: Optional[str], downlink: Optional[str], error_feedback: bool,
+                 optimizer: type = OptimizerHooks, released: bool = True) -> None:
+        self.optimizer = optimizer  # the local optimizer's class: it declares its states' kinds
+        self.released = released  # False under DP: the error is computed before clipping, from client data
         self.uplink: CompressionPlan = parse_plan(uplink, "uplink_compression")
         self.downlink: CompressionPlan = parse_plan(downlink, "downlink_compression")
         self.feedback = bool(error_feedback)
@@ -59,6 +65,15 @@ class Compression(RoundHook):
         self._broadcast_saving = 0  # dense - encoded bytes of one client's broadcast this round
         self._seconds, self._error_sq, self._norm_sq = 0.0, [], []  # squares summed exactly (math.fsum): the
         # sums must not depend on the order of the keys, which a resumed run reads sorted
+
+    def kind(self, key: str) -> str:
+        """The structure of a sent or broadcast state sync entry (``sync.theta.<theta key>`` up, ``sync.<theta
+        key>`` down), as the local optimizer declares it (:mod:`fedhf.core.theta`); general for anything else."""
+        head, _, rest = key.partition(".")
+        if head != "sync" or not issubclass(self.optimizer, OptimizerHooks):
+            return GENERAL
+        state_key, _ = split_theta_key(rest[len("theta."):] if rest.startswith("theta.") else rest)
+        return self.optimizer.theta_kind(state_key)
 
     # ------------------------------------------------------------------ uplink
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:
@@ -90,6 +105,10 @@ class Compression(RoundHook):
             prior = residuals.get(full) if self.feedback else None
             value, residual, encoded = compress_step(x, prior, compressor, draws.of(full), states.get(full),
                                                      self.feedback)
+            kept = keep_domain(value, self.kind(full))
+            if residual is not None:  # the residual of what is sent: EF's identity holds
+                residual = residual + (value - kept)
+            value = kept
             out.tensors[key] = value
             out.nbytes += encoded.nbytes - x.numel() * _itemsize(dtype)
             out.dense.pop(key)  # now in its encoded form
@@ -132,7 +151,7 @@ class Compression(RoundHook):
             base = previous.to(torch.float64) if self.feedback else 0.0
             sent, _, encoded = compress_step(x.to(torch.float64) - base, None, compressor, draws.of(key),
                                              state.get(f"q.{key}"), feedback=False)
-            held[name] = state[f"held.{key}"] = (base + sent).to(x.dtype)
+            held[name] = state[f"held.{key}"] = keep_domain(base + sent, self.kind(key)).to(x.dtype)
             if encoded.state is not None:
                 state[f"q.{key}"] = encoded.state
             saving += x.numel() * x.element_size() - encoded.nbytes
@@ -152,7 +171,7 @@ class Compression(RoundHook):
             return
         entry["compression_seconds"] = self._seconds  # this process's encode + decode time this round
         norm_sq = math.fsum(self._norm_sq)
-        if norm_sq > 0:
+        if norm_sq > 0 and self.released:
             entry["uplink_compression_rel_error"] = (math.fsum(self._error_sq) / norm_sq) ** 0.5
         self._seconds, self._error_sq, self._norm_sq = 0.0, [], []
 

@@ -10,6 +10,7 @@ when the server rule changed the base weights) and how to load it, and its eval 
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import List, Optional
@@ -17,9 +18,9 @@ from typing import List, Optional
 import yaml
 
 from ..data.bundled_gemma import bundled_origin
-from ..metrics.history import is_quality_metric
+from ..metrics.history import is_quality_metric, write_json_atomic
 from ..state.checkpoint import PREFIX
-from .privacy_settings import privacy_card_rows
+from .privacy_settings import dp_on, privacy_card_rows
 
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
 
@@ -115,9 +116,10 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
                      f"{lora['targets']} |")
     if args.lora_client_ranks:
         lines.append(f"| LoRA client ranks | {list(args.lora_client_ranks)} |")
-    if sizes:
+    released = not dp_on(args)  # per-client sizes and label skew are client data the DP accountant does not cover
+    if sizes and released:
         lines.append(f"| rows per client (min / max) | {min(sizes)} / {max(sizes)} |")
-    if "label_skew" in partition_summary:
+    if "label_skew" in partition_summary and released:
         lines.append(f"| label skew (mean TV distance to the global mix) | {partition_summary['label_skew']:.3f} |")
     lines.extend(privacy_card_rows(args, history))  # the DP guarantee (docs/privacy.md)
     entry = _saved_entry(history, saved.round if saved is not None else None)
@@ -183,9 +185,11 @@ def _bundled_origin(model) -> Optional[dict]:
 
 
 def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str],
-               saved: Optional[SavedModel] = None, license: Optional[str] = None) -> str:
+               saved: Optional[SavedModel] = None, license: Optional[str] = None,
+               origin_note: str = "") -> str:
     """The whole card: metadata (``library_name: peft`` for an adapter, as peft writes it: it drives the Hub's
-    loading snippet), a title, and the federated section."""
+    loading snippet), a title, what the base weights were (``origin_note``: a bundled model's, with its terms'
+    notice) and the federated section."""
     library = "peft" if saved is not None and saved.kind == "adapter" else "transformers"
     metadata = {"library_name": library, "tags": list(FEDERATED_TAGS) + [algorithm.name]}
     if base_model:
@@ -196,6 +200,7 @@ def model_card(args, algorithm, partition_summary: dict, history: List[dict], ba
     origin = (f"a fine-tuned version of [{base_model}](https://huggingface.co/{base_model})" if base_model
               else "a fine-tuned model (its base model was loaded from a local folder)")
     intro = f"This model is {origin}, trained federatedly over {args.num_clients} simulated clients with fedhf."
+    intro += f"\n\n{origin_note}\n" if origin_note else ""
     return ("---\n" + yaml.safe_dump(metadata, sort_keys=True) + "---\n\n" + title + "\n\n" + intro + "\n"
             + federated_card_section(args, algorithm, partition_summary, history, saved))
 
@@ -204,10 +209,28 @@ def write_model_card(directory: str, args, algorithm, partition_summary: dict, h
                      saved: Optional[SavedModel] = None) -> str:
     """Write ``directory``/README.md (replacing peft's or Trainer's); returns its path."""
     path = os.path.join(directory, "README.md")
+    origin = _bundled_origin(model)
     with open(path, "w") as f:
         f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model), saved,
-                           base_model_license(model)))
+                           base_model_license(model), origin["card_note"] if origin else ""))
+    if origin:
+        publish_bundled_base(directory, origin)
     return path
+
+
+def publish_bundled_base(directory: str, origin: dict) -> None:
+    """Beside a model trained from a bundled base: the adapter's ``base_model_name_or_path`` is the Hub id the card
+    names (peft writes the local cache folder: a path is never published, and others could not load it), and the
+    base's terms' NOTICE file (the Gemma Terms of Use, section 3.1, ask for one with every Model Derivative)."""
+    adapter_config = os.path.join(directory, "adapter_config.json")
+    if os.path.isfile(adapter_config):
+        with open(adapter_config) as f:
+            config = json.load(f)
+        if config.get("base_model_name_or_path") != origin["base_model"]:
+            config["base_model_name_or_path"] = origin["base_model"]
+            write_json_atomic(config, adapter_config)
+    with open(os.path.join(directory, "NOTICE"), "w") as f:
+        f.write(origin["notice"])
 
 
 def check_hub_access(args) -> None:

@@ -13,6 +13,7 @@ from transformers.utils import logging
 
 from .hooks import RoundHook
 from .hub import push_round_checkpoint
+from .privacy_settings import dp_on
 from ..data import save_partition_report
 from ..metrics import plot_history, write_json_atomic
 from ..state import load_checkpoint, save_checkpoint
@@ -36,10 +37,14 @@ class EvalOnStart(RoundHook):
 
 
 class PartitionReport(RoundHook):
-    """``partition_report``: the clients' split and the algorithm, written once before the first round."""
+    """``partition_report``: the clients' split and the algorithm, written once before the first round. Not under
+    DP: each client's row and label counts are client data the accountant does not cover (docs/privacy.md)."""
 
     def on_train_begin(self, trainer, run) -> None:
-        if trainer.args.partition_report and trainer.is_world_process_zero():
+        if trainer.args.partition_report and dp_on(trainer.args):
+            logger.info("partition_report: not written under dp_mode (each client's sizes and label counts are not "
+                        "covered by the privacy accountant)")
+        elif trainer.args.partition_report and trainer.is_world_process_zero():
             save_partition_report({**trainer.partition_summary, "algorithm": trainer.algorithm.describe()},
                                   trainer.args.output_dir)
 

@@ -3,8 +3,10 @@
 Per client (``on_client_message``, after every hook that changes messages, so the clip bounds exactly what is
 summed): every tensor the client sends, the trainer's ``dx``/``buf`` and every component's (correction, state sync,
 server half), is clipped jointly to L2 norm C; under distributed DP the client adds its noise share; under secure
-aggregation the result is quantised and masked. The drift diagnostics are not sent under DP; the client's training
-loss is not sent either (the history's ``train_loss`` is then NaN).
+aggregation the result is quantised and masked, after a check that no element of the data lies outside the codec's
+range (a clamp would change the sum silently: the run stops naming ``secagg_range``). The drift diagnostics are not
+sent under DP; the client's training loss is not sent under DP or secure aggregation (the history's ``train_loss``
+is then NaN).
 
 On the sums (``after_sums``, before any server half reads them): secure aggregation's sum is unmasked (dropped
 clients' masks removed) and decoded; under central DP Gaussian noise of std z C is added to every protected sum
@@ -76,6 +78,18 @@ def _put_back(sent: ClientMessages, values: Dict[str, torch.Tensor]) -> None:
             sent.own.tensors[key] = value
 
 
+def check_in_range(codec, items: Dict[str, torch.Tensor], ctx) -> None:
+    """Secure aggregation clamps every element to the codec's range [-c, c]; an element of the data outside it
+    would make the decoded sum another sum, silently, so the run stops naming the setting that fixes it."""
+    outside, largest = codec.out_of_range(items)
+    if outside:
+        raise ValueError(f"round {ctx.round + 1}: client {ctx.client_id}'s message has {outside} element(s) outside "
+                         f"secure aggregation's range [-{codec.clip_range:g}, {codec.clip_range:g}] (largest "
+                         f"|value| {largest:.4g}); they would be clamped and the decoded sum would not be the sum: "
+                         f"set secagg_range >= {largest:.4g} (e.g. {2 * largest:.3g}), or bound the messages with "
+                         "dp_mode='central' and dp_clip_norm (the range is then C).")
+
+
 def _is_weight(key: str) -> bool:
     return key == "w" or key.endswith(".w")
 
@@ -135,10 +149,13 @@ class Privacy(RoundHook):
             return sent
         if self.dp:
             sent.components.pop("drift", None)  # the drift metric reads Theta_i: not released under DP
-            sent.own.tensors.pop("loss", None)
+        sent.own.tensors.pop("loss", None)  # a 0-d value of the client's data: neither released nor masked
         items = {k: v for k, v in full_items(sent).items() if protected(k, v)}
         if self.dp:
             items, norm = clip_jointly(items, self.round_clip)
+        if self.secure:  # the data, before any noise share: a clamped element would change the sum silently
+            check_in_range(self.codec, items, ctx)
+        if self.dp:
             if self.args.dp_mode == "distributed":
                 items = self._noise_share(items, ctx)
             if self.args.dp_adaptive_clip_quantile is not None:  # Andrew et al.: b_i, summed with noise
@@ -178,6 +195,7 @@ class Privacy(RoundHook):
     def after_sums(self, trainer, run, sums) -> None:
         if not self.active:
             return
+        sums.set("loss", float("nan"))  # not sent (on_client_message)
         keys = sorted(k for k, v in sums.items() if protected(k, v))
         if self.secure and sums.has("secagg.present"):
             self._unmask(sums, keys, run.rounds_done)
@@ -201,7 +219,6 @@ class Privacy(RoundHook):
         weights |= {k for k, shape in self.message_shapes.items() if _is_weight(k)} | {"w"}
         for key in weights:  # the fixed denominator: w_i = 1, W = the expected cohort, an empty round's too
             sums.set(key, float(self.args.clients_per_round))
-        sums.set("loss", float("nan"))
         if self.args.dp_adaptive_clip_quantile is not None:  # centred bits: unshifted by S/2 in the update
             noisy = sums.scalar("dp.below") + count_std(self.args) * float(
                 torch.randn((), generator=self.noise, dtype=torch.float64))

@@ -26,7 +26,8 @@ def round_hooks(trainer) -> List[RoundHook]:
         EvalOnStart(),  # eval_on_start: round 0's evaluation
         DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i
         # uplink/downlink compression with error feedback; before any hook that must see what is summed (privacy)
-        Compression(args.uplink_compression, args.downlink_compression, args.error_feedback),
+        Compression(args.uplink_compression, args.downlink_compression, args.error_feedback,
+                    trainer.algorithm.local_optimizer.cls, released=args.dp_mode == "off"),
         ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded
         # client-level DP and secure aggregation: after every hook that changes messages (its clip bounds exactly
         # what is summed), before History (its dp_epsilon goes into the round's entry)

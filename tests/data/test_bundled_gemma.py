@@ -44,7 +44,7 @@ def test_a_cache_is_built_once_and_reused(tmp_path, fake_build):
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []  # no build folder left behind
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "other_source"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "other_source", "added_file"])
 def test_a_partial_or_changed_cache_is_detected_and_rebuilt(tmp_path, fake_build, damage):
     folder = bundled_gemma.gemma_3_270m_path(str(tmp_path))
     weights, manifest = os.path.join(folder, "model.safetensors"), os.path.join(folder, bundled_gemma.MANIFEST)
@@ -56,6 +56,8 @@ def test_a_partial_or_changed_cache_is_detected_and_rebuilt(tmp_path, fake_build
         open(weights, "wb").write(bytes(data))
     elif damage == "no_manifest":
         os.remove(manifest)
+    elif damage == "added_file":  # from_pretrained would load an added adapter over the base: another model
+        open(os.path.join(folder, "adapter_config.json"), "w").write("{}")
     else:
         open(manifest, "w").write(open(manifest).read().replace(bundled_gemma.GGUF_SHA256, "0" * 64))
     assert not bundled_gemma.cache_is_valid(folder)
@@ -111,4 +113,5 @@ def test_the_real_build_is_a_pretrained_gemma_that_plain_transformers_loads(gemm
     assert "France" in continuation  # greedy: " the capital of the country of France."
     assert loss < 6.0  # a pretrained model; random weights give about ln(262144) = 12.5 nats per token
     origin = bundled_gemma.bundled_origin(gemma_dir)
-    assert origin == {"base_model": "google/gemma-3-270m", "license": "gemma"}
+    assert (origin["base_model"], origin["license"]) == ("google/gemma-3-270m", "gemma")
+    assert "Q4_K_M de-quantisation" in origin["card_note"] and "ai.google.dev/gemma/terms" in origin["notice"]

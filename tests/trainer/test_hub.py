@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import huggingface_hub
 import pytest
+import torch
 import yaml
 
 from fedhf import FederatedConfig
@@ -168,3 +169,42 @@ def test_card_states_sharing_folding_lora_ranks_accumulation_and_small_mb(tmp_pa
     for row in ("library_name: peft", "| base weights | frozen |", "PeftModel.from_pretrained(base, PATH_OR_REPO_ID)",
                 "| final eval_loss (saved model, round 2) | 2.0000 |", "every trained tensor is global"):
         assert row in adapter, row
+
+
+def test_a_model_from_the_bundled_gemma_publishes_the_hub_id_its_quantisation_and_the_terms_notice(tmp_path):
+    """Trained from a stand-in of the bundled cache (a saved tiny Llama with fedhf's manifest): the saved
+    adapter_config.json names the Hub id the card names, not the local cache folder (which others could not load
+    and which shows the user's home); the card says the base is a Q4_K_M de-quantisation and carries the Gemma
+    terms' notice, and a NOTICE file is written beside the adapter."""
+    import json
+
+    import datasets
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from fedhf import FederatedTrainer
+    from fedhf.data.demo import tiny_llama
+
+    folder = str(tmp_path / "home" / bundled_gemma.NAME)
+    tiny_llama(64, hidden_size=16, num_layers=1).save_pretrained(folder)
+    manifest = {"name": bundled_gemma.NAME, "base_model": bundled_gemma.BASE_MODEL, "license": bundled_gemma.LICENSE,
+                "source": bundled_gemma.GGUF_FILE, "source_sha256": bundled_gemma.GGUF_SHA256,
+                "files": bundled_gemma._file_records(folder)}
+    (tmp_path / "home" / bundled_gemma.NAME / bundled_gemma.MANIFEST).write_text(json.dumps(manifest))
+    assert bundled_gemma.cache_is_valid(folder)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(folder),
+                           LoraConfig(r=2, target_modules=["q_proj"], task_type=TaskType.CAUSAL_LM))
+    ids = torch.randint(1, 64, (16, 8), generator=torch.Generator().manual_seed(0)).tolist()
+    data = datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 8] * 16, "labels": ids})
+    args = config(tmp_path, num_clients=2, clients_per_round=2, num_rounds=1, local_steps=1,
+                  per_device_train_batch_size=8, partition="iid", partition_report=False, eval_every_rounds=0)
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))  # what push_to_hub uploads
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == bundled_gemma.BASE_MODEL
+    card = (out / "README.md").read_text()
+    assert _front_matter(card)["base_model"] == bundled_gemma.BASE_MODEL and folder not in card
+    assert "Q4_K_M de-quantisation" in card and "Gemma Terms of Use found at ai.google.dev/gemma/terms" in card
+    assert (out / "NOTICE").read_text().startswith("Gemma is provided under and subject to the Gemma Terms of Use")

@@ -302,3 +302,30 @@ def test_secure_aggregation_decodes_to_the_quantised_plaintext_sum(tmp_path, min
         assert masked.federated_history[-1]["excluded_clients"] == 1
         step = 2.0 / (2 ** 16 - 1)
         assert max(float((secure[k] - clear[k]).abs().max()) for k in clear) <= step
+
+
+def test_a_dp_run_releases_no_per_client_statistics(tmp_path, minilm, tweets, tokenizer):
+    """What the accountant does not cover is not written: no partition report (each client's sizes and label
+    counts), no compression error (computed before the clip, from each client's message), no per-client rows in
+    the card; the history and card that push_to_hub uploads are what is left."""
+    trainer, _ = _run(tmp_path, minilm, tweets, tokenizer, num_rounds=1, partition_report=True,
+                      uplink_compression="int8", dp_noise_multiplier=1.0, **DP)
+    run = tmp_path / "run"
+    trainer.save_model()
+    assert not (run / "partition.json").exists() and not (run / "partition.png").exists()
+    released = {key for entry in trainer.federated_history for key in entry}
+    assert "dp_epsilon" in released and "compression_seconds" in released
+    assert not any(key.startswith(("uplink_compression_rel_error", "personal_eval")) for key in released)
+    card = (run / "README.md").read_text()
+    assert "privacy spent (epsilon, delta)" in card
+    assert "rows per client" not in card and "label skew" not in card
+
+
+def test_secure_aggregation_stops_instead_of_clamping_and_sends_no_loss(tmp_path, minilm, tweets, tokenizer):
+    """An element outside the codec's range would be clamped and the decoded sum silently another sum: the run
+    stops naming ``secagg_range``. Within the range, the per-client loss is neither masked nor sent."""
+    with pytest.raises(ValueError, match=r"outside secure aggregation's range .* set secagg_range >="):
+        _run(tmp_path, minilm, tweets, tokenizer, name="narrow", num_rounds=1, secure_aggregation=True,
+             secagg_range=1e-6)
+    trainer, _ = _run(tmp_path, minilm, tweets, tokenizer, name="wide", num_rounds=1, secure_aggregation=True)
+    assert math.isnan(trainer.federated_history[-1]["train_loss"])
