@@ -131,9 +131,10 @@ def check_evaluation_set(args, eval_dataset, callbacks) -> None:
         return
     from transformers import EarlyStoppingCallback
 
+    from ..metrics.direction import is_personal
     from ..metrics.generation import GenerationEvalCallback
 
-    personal = (args.metric_for_best_model or "").startswith("personal_eval_")  # clients' held-out rows instead
+    personal = is_personal(args.metric_for_best_model or "")  # evaluated on the clients' held-out rows instead
     needs = [f"`{name}`" for name, wanted in (
         ("load_best_model_at_end=True", args.load_best_model_at_end and not personal),
         (f"metric_for_best_model={args.metric_for_best_model!r}", args.metric_for_best_model is not None

@@ -37,6 +37,11 @@ def base_name(metric: str) -> str:
     return metric
 
 
+def is_personal(metric: str) -> bool:
+    """A personalised evaluation's metric (``personal_eval_*``, ``eval_`` prefixed or not)."""
+    return (metric[len("eval_"):] if metric.startswith("eval_") else metric).startswith("personal_eval_")
+
+
 def known_direction(metric: str) -> Optional[bool]:
     """True when higher is better, False when lower is, None when the table's words do not say (no word of the
     name in it, or words of both directions)."""

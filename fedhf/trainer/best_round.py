@@ -22,27 +22,28 @@ import torch
 from transformers.utils import logging
 
 from ..core.params import TensorDict, load_into, snapshot
-from ..metrics.direction import greater_is_better
+from ..metrics.direction import greater_is_better, is_personal
 from .hooks import RoundHook
 
 logger = logging.get_logger(__name__)
 
 STATE_FIELDS = ("best_metric", "best_global_step", "best_model_checkpoint")  # TrainerState's, as Trainer keeps them
-PERSONAL_PREFIX = "personal_eval_"  # fedhf/trainer/personal_eval.py's keys, logged without an ``eval_`` prefix
 
 
 def best_metric_key(metric: Optional[str]) -> Optional[str]:
     """The round entry's key of ``metric_for_best_model``: ``eval_<name>`` as Trainer reads it, or a personalised
-    evaluation's ``personal_eval_<m>_<summary>`` as it is logged."""
-    if metric is None or metric.startswith("eval_") or metric.startswith(PERSONAL_PREFIX):
-        return metric
-    return f"eval_{metric}"
+    evaluation's ``personal_eval_<m>_<summary>`` as it is logged (without an ``eval_`` prefix)."""
+    if metric is None:
+        return None
+    if is_personal(metric):
+        return metric[len("eval_"):] if metric.startswith("eval_") else metric
+    return metric if metric.startswith("eval_") else f"eval_{metric}"
 
 
 def check_best_metric(args, callbacks) -> None:
     """A ``personal_eval_*`` ``metric_for_best_model``, refused at ``__init__`` where it could never be returned."""
     metric = best_metric_key(args.metric_for_best_model)
-    if metric is None or not metric.startswith(PERSONAL_PREFIX):
+    if metric is None or not is_personal(metric):
         return
     from transformers import EarlyStoppingCallback
 
@@ -76,7 +77,7 @@ class BestRound(RoundHook):
 
     def evaluated(self, entry: dict) -> bool:
         """Whether the evaluation that returns the metric ran this round (the global one, or the personalised)."""
-        family = PERSONAL_PREFIX if self.metric is not None and self.metric.startswith(PERSONAL_PREFIX) else "eval_"
+        family = "personal_eval_" if self.metric is not None and is_personal(self.metric) else "eval_"
         return any(key.startswith(family) for key in entry)
 
     def on_train_end(self, trainer, run) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from fedhf.data.sft import SFTCollator
 from fedhf.runtime.labelled_logits import PROVEN_CAUSAL_LMS, at_labelled_positions, predicts_at_positions
-from tests.helpers import config, lora_minilm, tiny_llama_lora, tweet_sft
+from tests.helpers import IdsOnly, answer_rows, config, lora_minilm, tiny_llama_lora, tweet_sft
 
 
 def _batch(tokenizer, rows: int = 6):
@@ -106,7 +106,6 @@ def test_a_causal_lm_that_computes_its_loss_by_hand_keeps_every_position():
 def test_peft_prompt_learning_keeps_every_position(tmp_path):
     """peft prepends virtual tokens the labels' mask does not have: prompt tuning and P-tuning are not cut, and the
     default config trains them (it crashed in the first local step)."""
-    import datasets
     from peft import PromptEncoderConfig, PromptTuningConfig, TaskType, get_peft_model
 
     from fedhf import FederatedTrainer
@@ -117,19 +116,13 @@ def test_peft_prompt_learning_keeps_every_position(tmp_path):
     assert not predicts_at_positions(p_tuning)
     model = get_peft_model(tiny_llama(100), PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4))
     assert not predicts_at_positions(model)
-    ids = torch.randint(2, 100, (8, 10), generator=torch.Generator().manual_seed(0)).tolist()
-    rows = datasets.Dataset.from_list([{"input_ids": r, "attention_mask": [1] * 10, "labels": [-100] * 7 + r[7:]}
-                                       for r in ids])
     args = config(tmp_path, num_clients=2, clients_per_round=2, num_rounds=1, local_steps=1,
                   per_device_train_batch_size=4, learning_rate=0.05, partition="iid")
-    trainer = FederatedTrainer(model=model, args=args, train_dataset=rows, data_collator=SFTCollator(_Pad()))
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=answer_rows(8),
+                               data_collator=SFTCollator(IdsOnly()))
     assert trainer.args.logits_at_labels_only and not trainer.labelled_logits
     trainer.train()
     assert trainer.federated_history[-1]["participants"] == 2
-
-
-class _Pad:  # what SFTCollator reads of a tokenizer
-    pad_token_id, eos_token_id = 0, 1
 
 
 def test_the_trainer_trains_with_it_and_can_be_told_not_to(tokenizer, tmp_path):
