@@ -133,3 +133,25 @@ def causal_lm_collator(pad_token_id: int):
         return {"input_ids": pad("input_ids", pad_token_id), "attention_mask": mask, "labels": pad("labels", -100)}
 
     return collate
+
+
+# ------------------------------------------------------------------------------ synthetic answer rows (no tokenizer)
+class IdsOnly:
+    """What ``SFTCollator`` reads of a tokenizer, for rows that are token ids already."""
+
+    pad_token_id, eos_token_id = 0, 1
+
+
+def answer_rows(n: int, seed: int = 0, length: int = 12, answer: int = 3, vocab: int = 100):
+    """``n`` causal-LM rows of random ids whose last ``answer`` tokens (the only labelled ones) repeat a function of
+    the first token, so a tiny model (``tiny_llama(vocab)``) can learn them in a few steps."""
+    import datasets
+
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        ids = torch.randint(2, vocab, (length,), generator=g).tolist()
+        ids[-answer:] = [ids[0] % 10 + 2] * answer
+        rows.append({"input_ids": ids, "attention_mask": [1] * length,
+                     "labels": [-100] * (length - answer) + ids[-answer:]})
+    return datasets.Dataset.from_list(rows)

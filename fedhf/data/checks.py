@@ -34,12 +34,18 @@ def _num_labels(model) -> Optional[int]:
     num_labels=2 by default): a model with an output embedding (a causal or masked LM, a seq2seq model) predicts
     tokens, so a class column there is e.g. the category an SFT dataset is split by; a headless model (BertModel,
     CLIPModel: its base model is itself) has no label space, its class column only feeds the split; a
-    multiple-choice model's labels index the choices of each row. Regression and multi-label heads take floats."""
+    multiple-choice model's labels index the choices of each row. Regression and multi-label heads take floats.
+    A user's own module whose ``config`` (not a transformers ``PretrainedConfig``, whose num_labels defaults to 2
+    for every model) declares an integer ``num_labels`` is held to it."""
     from peft import PeftModel
-    from transformers import PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel
     from transformers.models.auto.modeling_auto import MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES
 
     base = model.get_base_model() if isinstance(model, PeftModel) else model
+    own_config = getattr(base, "config", None)  # a user's module may carry a config of its own
+    if not isinstance(base, PreTrainedModel) and not isinstance(own_config, PretrainedConfig):
+        declared = getattr(own_config, "num_labels", None)
+        return declared if type(declared) is int and declared > 1 else None
     if not isinstance(base, PreTrainedModel) or base.get_output_embeddings() is not None or base.base_model is base:
         return None  # a plain module or a headless model declares no label space; a token predictor's are token ids
     if type(base).__name__ in MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES.values():
@@ -125,11 +131,14 @@ def check_evaluation_set(args, eval_dataset, callbacks) -> None:
         return
     from transformers import EarlyStoppingCallback
 
+    from ..metrics.direction import is_personal
     from ..metrics.generation import GenerationEvalCallback
 
+    personal = is_personal(args.metric_for_best_model or "")  # evaluated on the clients' held-out rows instead
     needs = [f"`{name}`" for name, wanted in (
-        ("load_best_model_at_end=True", args.load_best_model_at_end),
-        (f"metric_for_best_model={args.metric_for_best_model!r}", args.metric_for_best_model is not None),
+        ("load_best_model_at_end=True", args.load_best_model_at_end and not personal),
+        (f"metric_for_best_model={args.metric_for_best_model!r}", args.metric_for_best_model is not None
+         and not personal),
         (f"eval_strategy={args.eval_strategy_given!r}", args.eval_strategy_given in ("steps", "epoch")),
         ("eval_on_start=True", args.eval_on_start and not args.personalized_eval)) if wanted]
     needs += [f"the callback {type(c).__name__}" for c in callbacks

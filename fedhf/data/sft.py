@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import warnings
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ def assistant_spans(tokenizer, messages: List[dict]) -> tuple:
 
     A turn's span runs from the end of the conversation before it rendered with the generation prompt (so the
     template's "assistant header" is not learned) to the end of the conversation including it (so its end-of-turn
-    marker is learned, as the model must emit it to stop)."""
+    marker is learned, as the model must emit it to stop), less the whitespace the template writes after that
+    marker: trl's ``assistant_only_loss`` on the Gemma template labels the answer and ``<end_of_turn>``, not the
+    newline after it."""
     render = lambda msgs, gen=False: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
     full, spans = render(messages), []
     for i, message in enumerate(messages):
@@ -93,7 +96,7 @@ def assistant_spans(tokenizer, messages: List[dict]) -> tuple:
         if not (full.startswith(before) and full.startswith(through)):
             raise ValueError("The chat template does not render a conversation's prefix as a prefix of it; the "
                              "assistant tokens cannot be located. Use prompt/completion columns instead.")
-        spans.append((len(before), len(through)))
+        spans.append((len(before), len(through.rstrip())))
     return full, spans
 
 
@@ -128,16 +131,35 @@ def drop_unlabelled(rows: datasets.Dataset, what: str) -> datasets.Dataset:
     return kept
 
 
+_ROW_FUNCTIONS = ("_special", "_prompt_completion", "_text", "assistant_spans", "_messages", "_cut_prompt")
+
+
+def _code_key() -> str:
+    """This module's tokenisation code as a hash: its source file, and each row function as bound now (a patched
+    one too). datasets hashes a map's function unless given ``new_fingerprint``; without this, a dataset backed by
+    files would get its rows cached by an older fedhf back after an upgrade changed how labels are placed."""
+    def source(function) -> str:
+        try:
+            return inspect.getsource(function)
+        except (OSError, TypeError):  # defined where no source file is (an interactive session)
+            return repr(function.__code__.co_code) + repr(function.__code__.co_consts)
+    parts = [open(__file__, "rb").read().decode("utf-8", "replace")]
+    parts += [source(globals()[name]) for name in _ROW_FUNCTIONS]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
 def _fingerprint(dataset: datasets.Dataset, tokenizer, *settings) -> str:
-    """The tokenised dataset's fingerprint (its cache key), from what decides it. datasets would otherwise hash the
-    tokenizer by pickling it: Gemma's 262,144-token vocabulary took over a minute per call."""
+    """The tokenised dataset's fingerprint (its cache key), from what decides it, the code included
+    (:func:`_code_key`). datasets would otherwise hash the tokenizer by pickling it: Gemma's 262,144-token
+    vocabulary took over a minute per call."""
     if tokenizer.is_fast:  # its whole definition, less the truncation/padding state that calling it changes
         backend = json.loads(tokenizer.backend_tokenizer.to_str())
         backend.pop("truncation", None), backend.pop("padding", None)
     else:
         backend = sorted(tokenizer.get_vocab().items())
     parts = (dataset._fingerprint, type(tokenizer).__name__, json.dumps(backend, sort_keys=True),
-             tokenizer.chat_template, repr(sorted(tokenizer.special_tokens_map.items())), repr(settings))
+             tokenizer.chat_template, repr(sorted(tokenizer.special_tokens_map.items())), repr(settings),
+             _code_key())
     return hashlib.sha256("\x00".join(str(p) for p in parts).encode()).hexdigest()[:32]
 
 

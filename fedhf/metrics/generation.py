@@ -22,15 +22,18 @@ from ..runtime.contiguous_head import feed_head_contiguously
 
 
 def first_word(text: str) -> str:
-    """The first word, lower-cased, without punctuation ("" if none)."""
-    match = re.search(r"[a-z0-9]+", text.lower())
+    """The first word, lower-cased, without punctuation ("" if none): a run of Unicode word characters, so an
+    answer in any script ("正面", "хорошо", "négatif") is a word, not the empty string."""
+    match = re.search(r"\w+", text.lower())
     return match.group(0) if match else ""
 
 
 def first_word_accuracy(predictions: Sequence[str], answers: Sequence[str]) -> float:
+    """The share of predictions whose first word is the answer's; an answer without a word matches nothing."""
     if len(predictions) != len(answers) or not answers:
         raise ValueError(f"{len(predictions)} predictions for {len(answers)} answers; need as many, at least one.")
-    return sum(first_word(p) == first_word(a) for p, a in zip(predictions, answers)) / len(answers)
+    return sum(bool(first_word(a)) and first_word(p) == first_word(a)
+               for p, a in zip(predictions, answers)) / len(answers)
 
 
 Prompt = Union[str, List[dict]]  # text, or a chat (a list of {"role", "content"}) to answer

@@ -18,20 +18,42 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 from transformers.loss.loss_utils import ForCausalLMLoss
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 IGNORE = -100
 
 
+# The causal LMs proven to give their own loss (and its gradients) with ``logits_to_keep`` + ``shift_labels``: each
+# is built from a tiny config and compared with its full forward in tests/runtime/test_labelled_logits.py. An
+# allow-list, not a rule read off the code: transformers names a model's ``loss_function`` after its class, and 12
+# causal LMs (BartForCausalLM, XLNetLMHeadModel, ...) slice their logits yet compute their loss by hand, which fails
+# on the cut logits. A model missing here keeps its full forward (same results; add it with its test row).
+PROVEN_CAUSAL_LMS = {  # class name -> transformers model_type (the test builds each from the type's tiny config)
+    "BloomForCausalLM": "bloom", "CodeGenForCausalLM": "codegen", "CohereForCausalLM": "cohere",
+    "Ernie4_5ForCausalLM": "ernie4_5", "Exaone4ForCausalLM": "exaone4", "FalconForCausalLM": "falcon",
+    "GPT2LMHeadModel": "gpt2", "GPTBigCodeForCausalLM": "gpt_bigcode", "GPTJForCausalLM": "gptj",
+    "GPTNeoXForCausalLM": "gpt_neox", "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text",
+    "GemmaForCausalLM": "gemma", "Glm4ForCausalLM": "glm4", "GraniteForCausalLM": "granite",
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
+    "MptForCausalLM": "mpt", "OPTForCausalLM": "opt", "Olmo2ForCausalLM": "olmo2", "OlmoForCausalLM": "olmo",
+    "Phi3ForCausalLM": "phi3", "PhiForCausalLM": "phi", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "SmolLM3ForCausalLM": "smollm3", "StableLmForCausalLM": "stablelm",
+    "Starcoder2ForCausalLM": "starcoder2",
+}
+
+
 def predicts_at_positions(model) -> bool:
-    """Whether ``model`` (a peft wrapper or a transformers model) is a causal LM whose forward slices its hidden
-    states with ``slice_logits_to_keep`` (which understands a boolean mask) and whose loss is the standard causal
-    LM cross-entropy (which reads ``shift_labels``). Anything else keeps its full forward."""
+    """Whether ``model`` (a peft wrapper or a transformers model) is one of :data:`PROVEN_CAUSAL_LMS` (whose
+    forward slices its hidden states with ``slice_logits_to_keep``, which understands a boolean mask, and whose loss
+    is the standard causal LM cross-entropy, which reads ``shift_labels``), under no peft prompt learning (prompt
+    tuning, P-tuning: peft prepends virtual tokens the mask does not have). Anything else keeps its full forward."""
+    peft_config = getattr(model, "active_peft_config", None)  # a PeftModel's; None for a transformers model
+    if peft_config is not None and peft_config.is_prompt_learning:
+        return False
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    forward = inspect.unwrap(type(base).forward)  # under transformers' decorators
-    return (type(base).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
-            and "slice_logits_to_keep" in forward.__code__.co_names
-            and base.loss_function is ForCausalLMLoss)
+    if type(base).__name__ not in PROVEN_CAUSAL_LMS:
+        return False
+    forward = inspect.unwrap(type(base).forward)  # under transformers' decorators; a later transformers may change it
+    return "slice_logits_to_keep" in forward.__code__.co_names and base.loss_function is ForCausalLMLoss
 
 
 def at_labelled_positions(inputs: Mapping) -> Mapping:

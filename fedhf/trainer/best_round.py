@@ -22,6 +22,7 @@ import torch
 from transformers.utils import logging
 
 from ..core.params import TensorDict, load_into, snapshot
+from ..metrics.direction import greater_is_better, is_personal
 from .hooks import RoundHook
 
 logger = logging.get_logger(__name__)
@@ -29,21 +30,55 @@ logger = logging.get_logger(__name__)
 STATE_FIELDS = ("best_metric", "best_global_step", "best_model_checkpoint")  # TrainerState's, as Trainer keeps them
 
 
+def best_metric_key(metric: Optional[str]) -> Optional[str]:
+    """The round entry's key of ``metric_for_best_model``: ``eval_<name>`` as Trainer reads it, or a personalised
+    evaluation's ``personal_eval_<m>_<summary>`` as it is logged (without an ``eval_`` prefix)."""
+    if metric is None:
+        return None
+    if is_personal(metric):
+        return metric[len("eval_"):] if metric.startswith("eval_") else metric
+    return metric if metric.startswith("eval_") else f"eval_{metric}"
+
+
+def check_best_metric(args, callbacks) -> None:
+    """A ``personal_eval_*`` ``metric_for_best_model``, refused at ``__init__`` where it could never be returned."""
+    metric = best_metric_key(args.metric_for_best_model)
+    if metric is None or not is_personal(metric):
+        return
+    from transformers import EarlyStoppingCallback
+
+    if not args.personalized_eval:
+        raise ValueError(f"`metric_for_best_model`={metric!r} is a personalised evaluation's metric, but "
+                         "`personalized_eval` is False: set personalized_eval=True (with client_eval_fraction > 0) "
+                         "or choose a global metric (e.g. 'eval_loss').")
+    if any(isinstance(c, EarlyStoppingCallback) for c in callbacks):
+        raise ValueError(f"`metric_for_best_model`={metric!r} with EarlyStoppingCallback: the callback reads only "
+                         "the global evaluation's metrics (its on_evaluate), so it would never stop the run: choose a "
+                         "global metric (e.g. 'eval_loss') for early stopping, or remove the callback.")
+
+
 class BestRound(RoundHook):
     """A round hook: updated after every round's evaluation, loaded into the model at the end of the run."""
 
     def __init__(self, args) -> None:
-        self.metric = args.metric_for_best_model
-        if self.metric is not None and not self.metric.startswith("eval_"):
-            self.metric = f"eval_{self.metric}"
-        self.greater = bool(args.greater_is_better)
+        self.metric = best_metric_key(args.metric_for_best_model)
+        self.greater = bool(greater_is_better(self.metric, args)) if self.metric is not None else True
         self.keep = bool(args.load_best_model_at_end)
         self.params: Optional[Dict[str, torch.Tensor]] = None
         self.buffers: Optional[Dict[str, torch.Tensor]] = None
 
-    def after_evaluate(self, trainer, run, entry: dict) -> None:
-        plan = trainer.plan  # as evaluated: the personal parts too
-        self.record(trainer.state, entry, plan.params, {**plan.buffers, **plan.personal})
+    def after_round(self, trainer, run, entry: dict) -> bool:
+        """After the round's evaluations (the global one and the personalised one: a ``personal_eval_*`` metric is
+        there too); round 0 (``eval_on_start``) is not a candidate, as in Trainer."""
+        if entry["round"] > 0 and self.evaluated(entry):
+            plan = trainer.plan  # as evaluated: the personal parts too
+            self.record(trainer.state, entry, plan.params, {**plan.buffers, **plan.personal})
+        return False
+
+    def evaluated(self, entry: dict) -> bool:
+        """Whether the evaluation that returns the metric ran this round (the global one, or the personalised)."""
+        family = "personal_eval_" if self.metric is not None and is_personal(self.metric) else "eval_"
+        return any(key.startswith(family) for key in entry)
 
     def on_train_end(self, trainer, run) -> None:
         plan = trainer.plan
@@ -61,7 +96,9 @@ class BestRound(RoundHook):
                            f"(it returned {sorted(metrics)}): set metric_for_best_model to one of them.")
         value = metrics[self.metric]
         better = np.greater if self.greater else np.less
-        if state.best_metric is not None and not better(value, state.best_metric):
+        if state.best_metric is None:  # as Trainer starts: a NaN is never better, so never the best
+            state.best_metric = float("-inf") if self.greater else float("inf")
+        if not better(value, state.best_metric):
             return False
         state.best_metric, state.best_global_step = value, state.global_step
         if self.keep:

@@ -18,7 +18,7 @@ import torch
 from transformers import TrainingArguments
 
 from .config_checks import (check_batch_sizes, check_federation_fields, check_mixed_precision, check_output_dir,
-                            coerce_numeric_strings)
+                            coerce_numeric_strings, set_metric_direction)
 from ..algorithms import ALGORITHMS, compose
 from ..compression import parse_plan
 from ..corrections import CORRECTIONS
@@ -291,6 +291,7 @@ class FederatedConfig(PrivacySettings, CompressionSettings, PartitionSettings, T
         check_output_dir(self.output_dir)
         refuse_unsupported(self, TRAINING_ARGUMENTS_DEFAULTS)  # fedhf/trainer/settings.py: docs/trainer_settings.md
         map_round_strategies(self)
+        set_metric_direction(self)  # fedhf's table, not TrainingArguments' "not a loss: higher" guess
         super().__post_init__()
         check_batch_sizes(self)
         check_mixed_precision(self)

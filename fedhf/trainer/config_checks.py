@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from ..data import PARTITION_KEYS, PARTITIONERS
+from ..metrics.direction import default_greater_is_better
 from ..runtime.hardware import cpu_has_bf16_matmul
 
 _NUMBERS = {"float": float, "int": int}
@@ -60,6 +61,13 @@ def check_batch_sizes(config) -> None:
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
         if getattr(config, name) < 1:
             raise ValueError(f"`{name}` must be >= 1 (got {getattr(config, name)}): it is the rows per local step.")
+
+
+def set_metric_direction(config) -> None:
+    """``greater_is_better`` from fedhf's table (fedhf/metrics/direction.py) when ``metric_for_best_model`` is set
+    and the direction is not, before TrainingArguments guesses "higher" for every name not ending in ``loss``."""
+    if config.metric_for_best_model is not None and config.greater_is_better is None:
+        config.greater_is_better = default_greater_is_better(config.metric_for_best_model)
 
 
 def check_mixed_precision(config) -> None:

@@ -48,7 +48,7 @@ from ..runtime.processes import destroy_process_group_at_exit, process_world
 from ..runtime.quantization import prepare_quantised_base
 from ..sharing.plan import SharingPlan
 from ..state.run import RunState, refuse_to_overwrite, resolve_checkpoint
-from .best_round import BestRound
+from .best_round import BestRound, check_best_metric
 from .client_data import ClientData, check_partitions
 from .combinations import check_combinations
 from .config import FederatedConfig
@@ -106,6 +106,7 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
                        self._signature_columns)
         check_evaluation_set(args, self.eval_dataset, self.callback_handler.callbacks)
+        check_best_metric(args, self.callback_handler.callbacks)  # a personal_eval_* metric_for_best_model
         self.algorithm = args.built_algorithm()  # built once, by the config (rebuilt there if a field changed)
         self.sharing = args.built_sharing()
         self.sharing_roles = self.sharing.roles(self.model)  # shared / personal / frozen, refused here
@@ -153,7 +154,17 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-N`` folder (or an older run's
         ``checkpoint-round-N``), or True for the latest in ``output_dir``; the resumed run ends with the same model
-        as an uninterrupted one. Every optional round feature is a round hook (fedhf/trainer/hooks.py)."""
+        as an uninterrupted one. Every optional round feature is a round hook (fedhf/trainer/hooks.py).
+
+        ``is_in_train`` is True while it runs, as in Trainer: Trainer's evaluation loop then evaluates the resident
+        model as it is, where outside training ``bf16_full_eval``/``fp16_full_eval`` cast it in place."""
+        self.is_in_train = True
+        try:
+            return self._train_rounds(resume_from_checkpoint, ignore_keys_for_eval)
+        finally:
+            self.is_in_train = False
+
+    def _train_rounds(self, resume_from_checkpoint, ignore_keys_for_eval) -> TrainOutput:
         args, start = self.args, time.time()
         # 1. the checkpoint to resume, checked before any work (a fresh run overwrites no finished one)
         checkpoint = resolve_checkpoint(args.output_dir, resume_from_checkpoint)

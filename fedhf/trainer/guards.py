@@ -38,10 +38,17 @@ class ExclusionGuard:
 
 
 class ExclusionStop(RoundHook):
-    """The guard as a round hook: it sees each round's log as soon as the server update is done."""
+    """The guard as a round hook: it sees each round's log as soon as the server update is done. Its streak goes
+    into the round checkpoint, so a resumed run stops where the uninterrupted one does."""
 
     def __init__(self, limit: int) -> None:
         self.guard = ExclusionGuard(limit)
 
     def after_aggregate(self, trainer, run, sums, entry: dict) -> None:
         self.guard.after_round(entry, trainer.algorithm.local_optimizer.lr, trainer.args.max_update_norm)
+
+    def checkpoint_state(self, trainer, run):
+        return {"excluded_streak": self.guard.streak}, {}
+
+    def restore_state(self, trainer, run, meta: dict, groups) -> None:
+        self.guard.streak = int(meta.get("excluded_streak", 0))  # a checkpoint written before it was kept: 0

@@ -36,7 +36,12 @@ class LabelledPositionsLoss:
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Trainer's; an evaluation of the loss alone (no ``compute_metrics``) projects only labelled positions."""
-        if self.labelled_logits and prediction_loss_only:
+        """Trainer's; an evaluation of the loss alone (no ``compute_metrics``) projects only labelled positions,
+        unless a subclass overrides ``compute_loss``: Trainer's ``prediction_step`` calls it with
+        ``return_outputs=True``, and it gets what it gets under Trainer, every position's logits (a weighted loss,
+        an auxiliary term read them). Training is unaffected: an override that calls ``super().compute_loss`` gets
+        the cut there, one that runs the model itself its full inputs."""
+        own_loss = type(self).compute_loss is LabelledPositionsLoss.compute_loss
+        if self.labelled_logits and prediction_loss_only and own_loss:
             inputs = at_labelled_positions(inputs)
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)

@@ -7,8 +7,10 @@ pFedMe, T. Dinh et al., NeurIPS 2020): the mean over clients, and the worst clie
 Logged beside the global ``eval_*`` keys, for the loss and every metric of ``compute_metrics`` (m):
 
 * ``personal_eval_<m>_mean``: the mean over evaluated clients (each client counts once, whatever its row count);
-* ``personal_eval_<m>_worst``: the worst client: the highest value for a loss / perplexity / error (a name
-  containing one of those words), the lowest for any other metric (accuracy, F1, ...);
+* ``personal_eval_<m>_worst``: the worst client, in the metric's direction (fedhf/metrics/direction.py: the
+  run's ``greater_is_better`` for ``metric_for_best_model``, else the table of known names: the highest loss, mse,
+  wer, ..., the lowest accuracy, F1, ...); not logged for a name of unknown direction (a warning says how to
+  declare it), rather than guessed;
 * ``personal_eval_<m>_std``: the population standard deviation over clients (the spread);
 * ``personal_eval_clients`` (evaluated) and ``personal_eval_skipped`` (clients with no held-out rows).
 
@@ -22,37 +24,41 @@ model is bit-identical with and without it (tests/trainer/test_personal_eval.py)
 from __future__ import annotations
 
 import random
-from typing import Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import datasets
 import numpy as np
 import torch
 from torch.utils.data import Subset
+from transformers.utils import logging
 
 from ..core.params import load_into
+from ..metrics.direction import greater_is_better, known_direction
 from .hooks import RoundHook
 from .settings import should_evaluate
 
 PREFIX = "personal_eval"
-_LOWER_IS_BETTER = ("loss", "perplexity", "error")
 _NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time")
+logger = logging.get_logger(__name__)
 
 
-def lower_is_better(metric: str) -> bool:
-    return any(word in metric for word in _LOWER_IS_BETTER)
-
-
-def summarise(per_client: Sequence[Dict[str, float]], skipped: int) -> Dict[str, float]:
-    """Mean, worst and std over clients of every metric the clients share (names without the ``eval_`` prefix)."""
+def summarise(per_client: Sequence[Dict[str, float]], skipped: int,
+              greater: Callable[[str], Optional[bool]] = known_direction) -> Dict[str, float]:
+    """Mean, worst and std over clients of every metric the clients share (names without the ``eval_`` prefix);
+    ``greater(m)``: whether higher is better for ``m`` (None: unknown, no ``_worst``)."""
     summary: Dict[str, float] = {f"{PREFIX}_clients": len(per_client), f"{PREFIX}_skipped": skipped}
     if not per_client:
         return summary
     names = [m for m in per_client[0] if all(m in c for c in per_client)]
     for m in names:
         values = np.array([c[m] for c in per_client], dtype=np.float64)
-        worst = values.max() if lower_is_better(m) else values.min()
-        summary.update({f"{PREFIX}_{m}_mean": float(values.mean()), f"{PREFIX}_{m}_worst": float(worst),
-                        f"{PREFIX}_{m}_std": float(values.std())})
+        summary.update({f"{PREFIX}_{m}_mean": float(values.mean()), f"{PREFIX}_{m}_std": float(values.std())})
+        direction = greater(m)
+        if direction is None:
+            logger.warning_once(f"personal_eval_{m}_worst is not logged: the direction of {m!r} is unknown; name it "
+                                f"as metric_for_best_model with greater_is_better to declare it.")
+        else:
+            summary[f"{PREFIX}_{m}_worst"] = float(values.min() if direction else values.max())
     return summary
 
 
@@ -108,7 +114,7 @@ def personal_evaluation(trainer, run) -> Dict[str, float]:
                 plan.load_global_personal_again()
                 load_into(plan.params, run.global_params)
     trainer.personal_eval_per_client = per_client
-    return summarise(list(per_client.values()), skipped)
+    return summarise(list(per_client.values()), skipped, lambda m: greater_is_better(m, trainer.args))
 
 
 def evaluate_rows(trainer, rows) -> Dict[str, float]:

@@ -32,8 +32,10 @@ def round_hooks(trainer) -> List[RoundHook]:
         # client-level DP and secure aggregation: after every hook that changes messages (its clip bounds exactly
         # what is summed), before History (its dp_epsilon goes into the round's entry)
         Privacy(trainer),
-        trainer.best_round,  # the best evaluated round (load_best_model_at_end); checkpointed with the run
         PersonalEvaluation(),  # personalized_eval: each client's own model on its held-out rows
+        # the best evaluated round (load_best_model_at_end), after every evaluation (a personal_eval_* metric too),
+        # before History and Checkpoints (which protect its checkpoint); checkpointed with the run
+        trainer.best_round,
         History(),  # the history file, one entry per round
         Checkpoints(),  # round checkpoints (save_every_rounds, control.should_save), rotated
         HubPush(),  # push_to_hub: a round checkpoint's model, per hub_strategy

@@ -39,8 +39,10 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
                        "naming bf16=False"),
     "fp16": (HONOURED, "autocast on a GPU, with accelerate's loss scaling: gradients unscaled before clipping, a "
                        "local step with an inf/nan gradient skipped; refused on the CPU (use bf16 with use_cpu)"),
-    "bf16_full_eval": (HONOURED, _TRAINER_OWN),
-    "fp16_full_eval": (HONOURED, _TRAINER_OWN + "; refused on the CPU"),
+    "bf16_full_eval": (HONOURED, _TRAINER_OWN + "; evaluations inside train() leave the model's dtype alone, as "
+                                 "Trainer's do (is_in_train)"),
+    "fp16_full_eval": (HONOURED, _TRAINER_OWN + "; evaluations inside train() leave the model's dtype alone, as "
+                                 "Trainer's do (is_in_train); refused on the CPU"),
     "tf32": (HONOURED, "set globally by TrainingArguments"),
     "use_liger_kernel": (REFUSED, "Liger kernels are not applied to the resident model; leave it False"),
     "liger_kernel_config": (REFUSED, "Liger kernels are not applied to the resident model; leave it unset"),
@@ -95,8 +97,10 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
                                    "so none is ever skipped, as with hub_always_push=True"),
     "hub_revision": (HONOURED, "Trainer's push_to_hub()"),
     "load_best_model_at_end": (HONOURED, "the best evaluated round's global model is loaded after the last round"),
-    "metric_for_best_model": (HONOURED, "the metric that picks the best evaluated round (and EarlyStoppingCallback)"),
-    "greater_is_better": (HONOURED, "direction of metric_for_best_model"),
+    "metric_for_best_model": (HONOURED, "the metric that picks the best evaluated round (and EarlyStoppingCallback); "
+                                        "a NaN is never best; a personal_eval_* metric too (personalized_eval)"),
+    "greater_is_better": (HONOURED, "direction of metric_for_best_model; unset, fedhf's table of known names decides "
+                                    "(fedhf/metrics/direction.py: mse, wer, ... lower) and refuses an unknown name"),
     "ignore_data_skip": (NO_EFFECT, "a resumed run redraws each client's data from (seed, round, client): "
                                     "nothing is skipped"),
     "restore_callback_states_from_checkpoint": (REFUSED, "round checkpoints do not hold callback states; "

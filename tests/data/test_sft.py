@@ -224,3 +224,42 @@ def test_tokenising_never_pickles_the_tokenizer_and_its_settings_key_the_cache(t
     other = copy.copy(tokenizer)
     other.chat_template = "{{ messages }}"
     assert first._fingerprint != tokenize_sft(rows, other, max_length=16)._fingerprint
+
+
+def test_chat_labels_are_what_assistant_only_loss_labels_on_the_gemma_template(gemma_dir):
+    """The answer and its <end_of_turn>, not the template's newline after it: the tokens transformers' assistant mask
+    (the template's {% generation %} marks, which trl's ``assistant_only_loss`` reads) selects."""
+    from transformers import AutoTokenizer
+
+    from fedhf.data.bundled_gemma import GEMMA_CHAT_TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(gemma_dir)
+    tok.chat_template = GEMMA_CHAT_TEMPLATE
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tweet: I love it\nSentiment?"},
+            {"role": "assistant", "content": "positive"}, {"role": "user", "content": "And: I hate it"},
+            {"role": "assistant", "content": "negative"}]
+    row = tokenize_sft(datasets.Dataset.from_dict({"messages": [chat]}), tok)[0]
+    marked = tok.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert row["input_ids"] == marked["input_ids"]
+    assert [t != IGNORE_INDEX for t in row["labels"]] == [bool(m) for m in marked["assistant_masks"]]
+    assert tok.decode([t for t in row["labels"] if t != IGNORE_INDEX]) == "positive<end_of_turn>negative<end_of_turn>"
+
+
+def test_the_cache_key_includes_the_tokenisation_code(tokenizer, tmp_path, monkeypatch):
+    """A dataset backed by files caches tokenize_sft's rows on disk; after the code changes (a fedhf upgrade, here
+    a patched row function) the new rows come back, not the cached old ones."""
+    import fedhf.data.sft as sft
+
+    datasets.Dataset.from_dict({"prompt": ["Tweet: good day\nSentiment:"], "completion": [" positive"]}).save_to_disk(
+        str(tmp_path))
+    data = datasets.load_from_disk(str(tmp_path))
+    first = tokenize_sft(data, tokenizer, max_length=32)[0]["labels"]
+    original = sft._prompt_completion
+
+    def only_the_last_token(*args):
+        out = original(*args)
+        return {**out, "labels": [IGNORE_INDEX] * (len(out["labels"]) - 1) + [7]}
+
+    monkeypatch.setattr(sft, "_prompt_completion", only_the_last_token)
+    changed = tokenize_sft(datasets.load_from_disk(str(tmp_path)), tokenizer, max_length=32)[0]["labels"]
+    assert changed != first and changed[-1] == 7 and changed[:-1] == [IGNORE_INDEX] * (len(first) - 1)

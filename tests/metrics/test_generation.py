@@ -107,3 +107,12 @@ def test_max_prompt_tokens_below_two_is_refused_by_the_callback_and_the_function
         GenerationEvalCallback(tokenizer, max_prompt_tokens=1)
     with pytest.raises(ValueError, match="max_prompt_tokens"):
         generate_answers(tiny_llama(len(tokenizer)), tokenizer, ["Tweet: good"], max_prompt_tokens=1)
+
+
+def test_the_first_word_is_a_word_in_any_script_and_an_empty_answer_matches_nothing():
+    """It kept [a-z0-9] only: any prediction matched an answer in Chinese or Cyrillic, an empty output included."""
+    assert [first_word(t) for t in ("正面", "négatif.", "Хорошо!", " Positive.")] == ["正面", "négatif", "хорошо",
+                                                                                     "positive"]
+    assert first_word_accuracy(["负面", "中性", ""], ["正面"] * 3) == 0.0
+    assert first_word_accuracy(["плохо", "хорошо"], ["хорошо", "Хорошо"]) == 0.5
+    assert first_word_accuracy(["", "..."], ["", "?"]) == 0.0  # a reference without a word matches nothing

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedhf.data.sft import SFTCollator
-from fedhf.runtime.labelled_logits import at_labelled_positions, predicts_at_positions
-from tests.helpers import config, lora_minilm, tiny_llama_lora, tweet_sft
+from fedhf.runtime.labelled_logits import PROVEN_CAUSAL_LMS, at_labelled_positions, predicts_at_positions
+from tests.helpers import IdsOnly, answer_rows, config, lora_minilm, tiny_llama_lora, tweet_sft
 
 
 def _batch(tokenizer, rows: int = 6):
@@ -54,6 +55,74 @@ def test_left_alone_when_labels_are_not_per_token_or_positions_are_chosen():
 def test_only_causal_lms_with_the_standard_loss(minilm, tokenizer):
     assert predicts_at_positions(tiny_llama_lora(len(tokenizer)))
     assert not predicts_at_positions(lora_minilm(minilm))  # a classifier: its logits are per row
+
+
+# A tiny config for every allowed architecture: the fields each config has are set, the others left alone.
+_TINY = dict(vocab_size=128, hidden_size=32, n_embd=32, d_model=32, num_hidden_layers=1, n_layer=1, num_layers=1,
+             num_attention_heads=4, n_head=4, num_key_value_heads=2, intermediate_size=64, n_inner=64, ffn_dim=64,
+             head_dim=8, max_position_embeddings=64, n_positions=64, pad_token_id=0, num_local_experts=2,
+             num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32, word_embed_proj_dim=32, rotary_dim=4,
+             sliding_window=16)
+
+
+def _tiny_causal_lm(model_type: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type)
+    for key, value in _TINY.items():
+        if hasattr(cfg, key) and not isinstance(getattr(type(cfg), key, None), property):  # a derived value: left
+            setattr(cfg, key, value)
+    if isinstance(getattr(cfg, "layer_types", None), list):
+        cfg.layer_types = cfg.layer_types[:cfg.num_hidden_layers]
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def test_every_allowed_causal_lm_gives_its_own_loss():
+    """The allow-list's proof: each architecture, built tiny, has the same loss with the cut as with every
+    position, on rows whose prompts are unlabelled and whose answers differ in length."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 128, (3, 12), generator=g)
+    labels = torch.full_like(ids, -100)
+    labels[:, 8:] = ids[:, 8:]
+    labels[1, 10:] = -100
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    for name, model_type in PROVEN_CAUSAL_LMS.items():
+        model = _tiny_causal_lm(model_type)
+        assert type(model).__name__ == name and predicts_at_positions(model), name
+        with torch.no_grad():
+            full, kept = model(**batch), model(**at_labelled_positions(batch))
+        assert kept.logits.shape[0] == int(labels[:, 1:].ne(-100).sum()), name  # the cut was taken
+        torch.testing.assert_close(kept.loss, full.loss, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_causal_lm_that_computes_its_loss_by_hand_keeps_every_position():
+    """XLNet (like Bart, Marian, Pegasus, ...) slices its logits and is named a causal LM, but computes its loss by
+    hand: given the cut it would fail; it is not in the allow-list."""
+    model = _tiny_causal_lm("xlnet")
+    assert type(model).__name__ == "XLNetLMHeadModel" and not predicts_at_positions(model)
+
+
+def test_peft_prompt_learning_keeps_every_position(tmp_path):
+    """peft prepends virtual tokens the labels' mask does not have: prompt tuning and P-tuning are not cut, and the
+    default config trains them (it crashed in the first local step)."""
+    from peft import PromptEncoderConfig, PromptTuningConfig, TaskType, get_peft_model
+
+    from fedhf import FederatedTrainer
+    from fedhf.data.demo import tiny_llama
+
+    p_tuning = get_peft_model(tiny_llama(100), PromptEncoderConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4,
+                                                                   encoder_hidden_size=16))
+    assert not predicts_at_positions(p_tuning)
+    model = get_peft_model(tiny_llama(100), PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4))
+    assert not predicts_at_positions(model)
+    args = config(tmp_path, num_clients=2, clients_per_round=2, num_rounds=1, local_steps=1,
+                  per_device_train_batch_size=4, learning_rate=0.05, partition="iid")
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=answer_rows(8),
+                               data_collator=SFTCollator(IdsOnly()))
+    assert trainer.args.logits_at_labels_only and not trainer.labelled_logits
+    trainer.train()
+    assert trainer.federated_history[-1]["participants"] == 2
 
 
 def test_the_trainer_trains_with_it_and_can_be_told_not_to(tokenizer, tmp_path):

@@ -5,10 +5,12 @@ docs/bad_inputs.md is the table tests/trainer/bad_inputs_table.py generates from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import datasets
 import numpy as np
+import torch
 from transformers import TrainingArguments
 
 from fedhf import FederatedTrainer
@@ -200,6 +202,8 @@ BAD_INPUTS = [
         model=lambda: _resnet_with(num_labels=5))),
     Bad("labels outside `num_labels` for a classifier whose class name does not say so (a user's subclass)",
         "num_labels", _renamed_classifier),
+    Bad("labels outside `num_labels` declared by a user's own module's config (not a transformers config)",
+        "num_labels", _with_train(lambda ds: ds.filter(lambda r: True), model=lambda: _OwnConfigNet(num_labels=5))),
     Bad("`None` labels", "label", _with_train(_none_in("label"), partition="iid")),
     Bad("`None` in the `partition_column`", "partition_column", _with_train(_none_in("group"), partition_column="group")),
     Bad("an untokenised text dataset", "train_dataset", _untokenised),
@@ -302,6 +306,16 @@ BAD_INPUTS = [
         _no_eval(callbacks=[_early_stopping], metric_for_best_model=None)),
     Bad("a `GenerationEvalCallback` without an `eval_dataset`", "GenerationEvalCallback",
         _no_eval(callbacks=[_generation_eval])),
+    # --- the best round's metric (fedhf/trainer/best_round.py, fedhf/metrics/direction.py) ---
+    Bad("`metric_for_best_model` of unknown direction without `greater_is_better`", "greater_is_better",
+        _cfg(metric_for_best_model="score")),
+    Bad("`metric_for_best_model` naming a personalised metric without `personalized_eval`", "personalized_eval",
+        _digits(metric_for_best_model="personal_eval_accuracy_mean")),
+    Bad("`metric_for_best_model` naming a personalised metric with an `EarlyStoppingCallback`",
+        "EarlyStoppingCallback", lambda env: digit_trainer(
+            tiny_resnet(), env["digits"], config(env["tmp_path"], metric_for_best_model="personal_eval_loss_mean",
+                                                 personalized_eval=True, client_eval_fraction=0.2),
+            callbacks=[_early_stopping()])),
     # --- memory plan and client-parallel training (fedhf/trainer/memory_plan.py, fedhf/trainer/client_parallel.py) ---
     Bad("`memory_budget_gb` <= 0", "memory_budget_gb", _cfg(memory_budget_gb=0)),
     Bad("`client_parallel=True` with BatchNorm buffers (a row shard's statistics are not the batch's)",
@@ -376,6 +390,19 @@ BAD_INPUTS = [
     Bad("`secure_aggregation=True` with a per-client-scale compressor on the uplink", "uplink_compression",
         _lora_tweets(secure_aggregation=True, uplink_compression="int8")),
 ]
+
+
+class _OwnConfigNet(torch.nn.Module):
+    """A user's classifier with a config of its own (not a transformers PretrainedConfig) declaring num_labels."""
+
+    def __init__(self, num_labels: int) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(num_labels=num_labels)
+        self.head = torch.nn.Linear(64, num_labels)
+
+    def forward(self, pixel_values=None, labels=None):
+        logits = self.head(pixel_values.flatten(1))
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
 
 
 def _resnet_with(num_labels):

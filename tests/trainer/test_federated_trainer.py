@@ -321,3 +321,46 @@ def test_a_checkpoint_and_evaluation_a_callback_asks_for_are_made(digits, tmp_pa
         "checkpoint-1"]
     assert events.counts["save"] == 1 and events.counts["evaluate"] == 2
     assert [("eval_accuracy" in h) for h in trainer.federated_history] == [True, True]
+
+
+class _Dtypes(TrainerCallback):
+    """The LoRA dtype and ``is_in_train`` at the start of every round."""
+
+    def __init__(self, trainer_box: list) -> None:
+        self.box, self.seen = trainer_box, []
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        dtype = next(p.dtype for n, p in model.named_parameters() if "lora_A" in n)
+        self.seen.append((dtype, self.box[0].is_in_train))
+
+
+def test_in_training_evaluations_leave_the_model_in_its_dtype(tmp_path):
+    """``is_in_train`` is True while train() runs (so Trainer's evaluation loop does not cast the resident model
+    for ``bf16_full_eval``) and False after it, an exception included. Before, the first evaluation turned the
+    LoRA weights bf16 and every later round trained in pure bf16."""
+    from fedhf.data.sft import SFTCollator
+
+    from tests.helpers import IdsOnly, answer_rows, tiny_llama_lora
+
+    box: list = []
+    watch = _Dtypes(box)
+    args = config(tmp_path, num_clients=2, clients_per_round=2, num_rounds=3, local_steps=1, partition="iid",
+                  per_device_train_batch_size=4, per_device_eval_batch_size=8, eval_every_rounds=1,
+                  bf16_full_eval=True, learning_rate=0.05)
+    trainer = FederatedTrainer(model=tiny_llama_lora(100), args=args, train_dataset=answer_rows(16),
+                               eval_dataset=answer_rows(8, seed=1), data_collator=SFTCollator(IdsOnly()),
+                               callbacks=[watch])
+    box.append(trainer)
+    trainer.train()
+    assert watch.seen == [(torch.float32, True)] * 3
+    assert trainer.is_in_train is False
+
+    class Fail(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            raise RuntimeError("stop here")
+
+    trainer.add_callback(Fail())
+    args.overwrite_output_dir = True
+    with pytest.raises(RuntimeError, match="stop here"):
+        trainer.train()
+    assert trainer.is_in_train is False

@@ -108,3 +108,21 @@ def test_summary_worst_is_highest_loss_and_lowest_other_metric():
                        "personal_eval_accuracy_std": pytest.approx(0.2),
                        "personal_eval_perplexity_mean": 2.5, "personal_eval_perplexity_worst": 3.0,
                        "personal_eval_perplexity_std": 0.5}
+
+
+def test_summary_worst_follows_each_metrics_direction():
+    """mse, mae, wer are lower-is-better: their worst client is the highest (it was the lowest, the best client's).
+    A name of unknown direction gets no ``_worst``; the run's ``greater_is_better`` declares it for its metric."""
+    clients = [{"mse": 0.1, "mae": 0.3, "wer": 0.05, "f1": 0.8, "bananas": 1.0},
+               {"mse": 2.5, "mae": 1.4, "wer": 0.6, "f1": 0.4, "bananas": 7.0}]
+    summary = summarise(clients, skipped=0)
+    assert (summary["personal_eval_mse_worst"], summary["personal_eval_mae_worst"],
+            summary["personal_eval_wer_worst"], summary["personal_eval_f1_worst"]) == (2.5, 1.4, 0.6, 0.4)
+    assert "personal_eval_bananas_worst" not in summary and summary["personal_eval_bananas_mean"] == 4.0
+    from types import SimpleNamespace
+
+    from fedhf.metrics.direction import greater_is_better
+
+    args = SimpleNamespace(metric_for_best_model="eval_bananas", greater_is_better=True)
+    declared = summarise(clients, skipped=0, greater=lambda m: greater_is_better(m, args))
+    assert declared["personal_eval_bananas_worst"] == 1.0 and declared["personal_eval_mse_worst"] == 2.5
