@@ -121,6 +121,11 @@ class LocalOptimizer:
     def exports_preconditioners(self) -> bool:
         return self.federated and self.cls.exports_preconditioners
 
+    @property
+    def logits_pass(self) -> bool:
+        """Whether a client's curvature pass differentiates every position's logits (Sophia's GNB estimator)."""
+        return self.federated and self.cls.logits_pass(**self.kwargs)
+
     def state_bytes(self, params: Mapping[str, torch.Tensor]) -> Optional[int]:
         """The declared bytes of one client's optimizer state for ``params``; None for a torch.optim class that
         fedhf has no declaration for (fedhf/optim/state_size.py lists those it has)."""

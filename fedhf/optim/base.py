@@ -129,6 +129,12 @@ class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
         its largest (after the first steps), computed from shapes and dtypes (fedhf/optim/state_size.py)."""
         raise NotImplementedError(f"{cls.__name__} does not declare its state size")
 
+    @classmethod
+    def logits_pass(cls, **kwargs: Any) -> bool:
+        """Whether this optimizer built with ``kwargs`` differentiates :attr:`ModelAccess.logits` of a training batch
+        (every position's logits, not cut to the labelled ones): the memory plan counts that pass."""
+        return False
+
     def lazy_state(self, p: torch.Tensor, keys: Iterable[str]) -> Tuple[Dict[str, Any], torch.dtype]:
         """p's state with every key of ``keys`` present, and its dtype (fp32 for half-precision parameters, p's
         own from fp32 up). Missing keys start at zero one by one, so an imported Theta survives the first step."""

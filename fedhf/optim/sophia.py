@@ -267,6 +267,10 @@ class Sophia(FederatedOptimizer):
         for group in self.param_groups:
             group["hessian_batch_size"] = batch_size
 
+    @classmethod
+    def logits_pass(cls, **kwargs) -> bool:
+        return kwargs.get("hessian_estimator", "gnb") == "gnb"  # the others differentiate access.loss
+
     # ------------------------------------------------------------ step
     @classmethod
     def state_bytes(cls, params, **kwargs) -> int:
