@@ -271,6 +271,12 @@ class Sophia(FederatedOptimizer):
     def logits_pass(cls, **kwargs) -> bool:
         return kwargs.get("hessian_estimator", "gnb") == "gnb"  # the others differentiate access.loss
 
+    @classmethod
+    def unplanned_memory(cls, **kwargs) -> Optional[str]:
+        if kwargs.get("hessian_estimator") == "hutchinson":
+            return "Sophia's Hutchinson estimator backpropagates through the gradient's graph: not counted"
+        return None
+
     # ------------------------------------------------------------ step
     @classmethod
     def state_bytes(cls, params, **kwargs) -> int:

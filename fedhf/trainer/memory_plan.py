@@ -29,16 +29,27 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   merged, built on a copy of the model (fedhf/trainer/outputs.py): one more model while a checkpoint is written.
 * activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
 * autocast copies -- under bf16/fp16 autocast of a wider model, the half-precision weight copies the forward keeps.
-* logits -- a causal LM's logits, usually its largest activation (Gemma-3-270M: V = 262,144 per position, more
-  than its 18 layers keep together): the logits autograd keeps, plus the more logits-sized tensors the step
-  briefly holds around the loss (the gradients of the log-softmax and of the logits, a copy in the loss), i.e.
-  (1 + 4) x P x V x 4 bytes (the loss upcasts the logits to fp32; what autograd keeps of them is that fp32 copy,
-  measured on Gemma-3-270M with a bf16 base as with an fp32 one), x C, for P logit positions: every token of the
-  micro-batch, or with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py) the rows x the most labelled
-  tokens of any training row. The 4 transient tensors were calibrated on the peak resident set of
-  benchmarks/memory_plan.py (fresh process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client
-  beyond the other rows is 4.0-4.1 of them for C = 1 to 16. A warm loop that reuses freed memory peaks lower
-  (1.5-1.8 of them): the row is conservative.
+* logits -- a causal LM's head, usually its largest activation (Gemma-3-270M: V = 262,144 per position, more
+  than its 18 layers keep together), x C, the largest of:
+
+  - the loss over materialised logits: 3 fp32 logits-sized tensors (V x 4 bytes per position; the loss upcasts
+    the logits to fp32 and autograd keeps that copy, then the log-softmax's and the logits' gradients), at the
+    labelled positions with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py; those of the
+    ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch;
+  - trl's fused LM head (FederatedSFTTrainer, trl >= 1.16), which never materialises the logits: its backward
+    holds 8 fp32 tiles of at most 4,096 positions x 32,768 tokens (every position on CPU, the labelled ones where
+    trl runs Triton), an fp32 copy of a 32,768-row slice of the head's weight and the hidden states' gradient;
+  - a local optimizer's curvature pass through ``ModelAccess.logits`` (``logits_pass``: Sophia's GNB estimator),
+    which projects every position: 2 logits-sized tensors in the head's dtype (the logits and the copy without each
+    row's last position; their gradients in the backward), then 4 fp32 ones at the labelled positions.
+
+  The constants were measured as the peak of the tensors the run allocates (torch's profiler), on the tiny Llama
+  of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of the step): 3.0 logits-sized
+  tensors with every position projected, 2.0 (+ the labelled rows) in the GNB pass, 7.8 tiles in trl's head; and
+  against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32 (benchmarks/memory_plan.py --gemma).
+  The largest batch is the one that holds the longest row: the collators pad a batch to its own longest row.
+  Not counted, and said in the plan's notes (``unplanned_memory`` of the local optimizer): Sophia's Hutchinson
+  estimator, whose second backward goes through the gradient's graph.
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
@@ -172,7 +183,7 @@ class MemoryPlan:
             else f"{_mb(self.activation_bytes_per_client)} x {self.clients_at_once}",
             "autocast copies": "half-precision weight copies, once per forward" if self.autocast_copy_bytes
             else "none",
-            "logits": f"{_mb(self.logits_bytes_per_client)} x {self.clients_at_once} (kept, and 4 around the loss)",
+            "logits": f"{_mb(self.logits_bytes_per_client)} x {self.clients_at_once} (the head and its loss)",
         }
         lines = ["fedhf memory plan"] + [f"  {name:<20}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
         lines.append(f"  {'total':<20}{_mb(self.total_bytes):>12}")
@@ -263,6 +274,8 @@ def plan_memory(trainer, run) -> MemoryPlan:
     if optimizer is None:
         notes.append(f"{algo.local_optimizer.cls.__name__} declares no state size (fedhf/optim/state_size.py): "
                      "its optimizer state is not counted")
+    if algo.local_optimizer.unplanned_memory:
+        notes.append(algo.local_optimizer.unplanned_memory)
     kept_theta = algo.state_sync.client_state_bytes(optimizer or 0)
     if kept_theta:
         notes.append("a kept Theta is counted at the optimizer's whole state (an upper bound)")
