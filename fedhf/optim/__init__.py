@@ -121,6 +121,16 @@ class LocalOptimizer:
     def exports_preconditioners(self) -> bool:
         return self.federated and self.cls.exports_preconditioners
 
+    @property
+    def logits_pass(self) -> bool:
+        """Whether a client's curvature pass differentiates every position's logits (Sophia's GNB estimator)."""
+        return self.federated and self.cls.logits_pass(**self.kwargs)
+
+    @property
+    def unplanned_memory(self) -> Optional[str]:
+        """What its memory the plan cannot count (a note in the plan), or None."""
+        return self.cls.unplanned_memory(**self.kwargs) if self.federated else None
+
     def state_bytes(self, params: Mapping[str, torch.Tensor]) -> Optional[int]:
         """The declared bytes of one client's optimizer state for ``params``; None for a torch.optim class that
         fedhf has no declaration for (fedhf/optim/state_size.py lists those it has)."""

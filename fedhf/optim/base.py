@@ -21,7 +21,7 @@ layer inputs use it) -- never through globals.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -128,6 +128,17 @@ class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
         """The bytes of the state this optimizer holds for ``params`` (names -> tensors) built with ``kwargs``, at
         its largest (after the first steps), computed from shapes and dtypes (fedhf/optim/state_size.py)."""
         raise NotImplementedError(f"{cls.__name__} does not declare its state size")
+
+    @classmethod
+    def logits_pass(cls, **kwargs: Any) -> bool:
+        """Whether this optimizer built with ``kwargs`` differentiates :attr:`ModelAccess.logits` of a training batch
+        (every position's logits, not cut to the labelled ones): the memory plan counts that pass."""
+        return False
+
+    @classmethod
+    def unplanned_memory(cls, **kwargs: Any) -> Optional[str]:
+        """What this optimizer built with ``kwargs`` holds that the memory plan cannot count, said in its notes."""
+        return None
 
     def lazy_state(self, p: torch.Tensor, keys: Iterable[str]) -> Tuple[Dict[str, Any], torch.dtype]:
         """p's state with every key of ``keys`` present, and its dtype (fp32 for half-precision parameters, p's

@@ -267,6 +267,16 @@ class Sophia(FederatedOptimizer):
         for group in self.param_groups:
             group["hessian_batch_size"] = batch_size
 
+    @classmethod
+    def logits_pass(cls, **kwargs) -> bool:
+        return kwargs.get("hessian_estimator", "gnb") == "gnb"  # the others differentiate access.loss
+
+    @classmethod
+    def unplanned_memory(cls, **kwargs) -> Optional[str]:
+        if kwargs.get("hessian_estimator") == "hutchinson":
+            return "Sophia's Hutchinson estimator backpropagates through the gradient's graph: not counted"
+        return None
+
     # ------------------------------------------------------------ step
     @classmethod
     def state_bytes(cls, params, **kwargs) -> int:

@@ -82,6 +82,7 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
     """
 
     loaded_best_round = None  # the round load_best_model_at_end loaded at the end of train(), if it did
+    fused_lm_head = False  # True where the loss projects the head in tiles (trl's; the memory plan reads it)
 
     def __init__(self, model=None, args: Optional[FederatedConfig] = None, *trainer_args,
                  client_partitions: Optional[Sequence[Sequence[int]]] = None,

@@ -29,16 +29,27 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   merged, built on a copy of the model (fedhf/trainer/outputs.py): one more model while a checkpoint is written.
 * activations -- the estimate below, x C (the C clients' micro-batches go through the model together).
 * autocast copies -- under bf16/fp16 autocast of a wider model, the half-precision weight copies the forward keeps.
-* logits -- a causal LM's logits, usually its largest activation (Gemma-3-270M: V = 262,144 per position, more
-  than its 18 layers keep together): the logits autograd keeps, plus the more logits-sized tensors the step
-  briefly holds around the loss (the gradients of the log-softmax and of the logits, a copy in the loss), i.e.
-  (1 + 4) x P x V x 4 bytes (the loss upcasts the logits to fp32; what autograd keeps of them is that fp32 copy,
-  measured on Gemma-3-270M with a bf16 base as with an fp32 one), x C, for P logit positions: every token of the
-  micro-batch, or with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py) the rows x the most labelled
-  tokens of any training row. The 4 transient tensors were calibrated on the peak resident set of
-  benchmarks/memory_plan.py (fresh process, tiny Llama, V = 30,522, fp32 on CPU): the measured peak per client
-  beyond the other rows is 4.0-4.1 of them for C = 1 to 16. A warm loop that reuses freed memory peaks lower
-  (1.5-1.8 of them): the row is conservative.
+* logits -- a causal LM's head, usually its largest activation (Gemma-3-270M: V = 262,144 per position, more
+  than its 18 layers keep together), x C, the largest of:
+
+  - the loss over materialised logits: 3 fp32 logits-sized tensors (V x 4 bytes per position; the loss upcasts
+    the logits to fp32 and autograd keeps that copy, then the log-softmax's and the logits' gradients), at the
+    labelled positions with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py; those of the
+    ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch;
+  - trl's fused LM head (FederatedSFTTrainer, trl >= 1.16), which never materialises the logits: its backward
+    holds 8 fp32 tiles of at most 4,096 positions x 32,768 tokens (every position on CPU, the labelled ones where
+    trl runs Triton), an fp32 copy of a 32,768-row slice of the head's weight and the hidden states' gradient;
+  - a local optimizer's curvature pass through ``ModelAccess.logits`` (``logits_pass``: Sophia's GNB estimator),
+    which projects every position: 2 logits-sized tensors in the head's dtype (the logits and the copy without each
+    row's last position; their gradients in the backward), then 4 fp32 ones at the labelled positions.
+
+  The constants were measured as the peak of the tensors the run allocates (torch's profiler), on the tiny Llama
+  of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of the step): 3.0 logits-sized
+  tensors with every position projected, 2.0 (+ the labelled rows) in the GNB pass, 7.8 tiles in trl's head; and
+  against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32 (benchmarks/memory_plan.py --gemma).
+  The largest batch is the one that holds the longest row: the collators pad a batch to its own longest row.
+  Not counted, and said in the plan's notes (``unplanned_memory`` of the local optimizer): Sophia's Hutchinson
+  estimator, whose second backward goes through the gradient's graph.
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
@@ -82,6 +93,12 @@ from ..core.params import num_bytes
 from .compression import compressed_model_change
 
 GIB = 2**30
+#: fp32 logits-sized tensors a step holds at once around a cross-entropy (module docstring, row "logits")
+LOSS_LOGITS = 3
+#: trl 1.16's tiles (trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE, trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE)
+TRL_TOKEN_TILE, TRL_VOCAB_TILE = 4096, 32768
+#: fp32 tile-sized tensors trl's fused head holds at once (module docstring, row "logits")
+FUSED_TILES = 8
 
 
 @dataclass
@@ -166,7 +183,7 @@ class MemoryPlan:
             else f"{_mb(self.activation_bytes_per_client)} x {self.clients_at_once}",
             "autocast copies": "half-precision weight copies, once per forward" if self.autocast_copy_bytes
             else "none",
-            "logits": f"{_mb(self.logits_bytes_per_client)} x {self.clients_at_once} (kept, and 4 around the loss)",
+            "logits": f"{_mb(self.logits_bytes_per_client)} x {self.clients_at_once} (the head and its loss)",
         }
         lines = ["fedhf memory plan"] + [f"  {name:<20}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
         lines.append(f"  {'total':<20}{_mb(self.total_bytes):>12}")
@@ -257,6 +274,8 @@ def plan_memory(trainer, run) -> MemoryPlan:
     if optimizer is None:
         notes.append(f"{algo.local_optimizer.cls.__name__} declares no state size (fedhf/optim/state_size.py): "
                      "its optimizer state is not counted")
+    if algo.local_optimizer.unplanned_memory:
+        notes.append(algo.local_optimizer.unplanned_memory)
     kept_theta = algo.state_sync.client_state_bytes(optimizer or 0)
     if kept_theta:
         notes.append("a kept Theta is counted at the optimizer's whole state (an upper bound)")
@@ -330,12 +349,75 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
         notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
         return None, 0
     size = _floating_size(model)  # autocast does not shrink what is kept (module docstring)
+    half_logits = size < 4 or args.bf16 or args.fp16  # the head's output dtype
     size = 3 if size < 4 else size  # a half-precision base keeps fp32 norms beside (module docstring)
     shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
     rows = -(-args.per_device_train_batch_size // shards)
-    labelled = _most_labels(data) if trainer.labelled_logits else None
-    positions = rows * (lengths if labelled is None else labelled)
-    return elements * size * rows * lengths, 5 * vocabulary * 4 * positions  # the loss's fp32 logits
+    labelled = _most_labels(data, rows)
+    head = HeadShape(rows, lengths, labelled, vocabulary, model.config.hidden_size, half_logits)
+    loss = (fused_head_bytes(head, _trl_scores_labelled_only(args)) if trainer.fused_lm_head
+            else cross_entropy_bytes(head, trainer.labelled_logits))
+    curvature = logits_pass_bytes(head) if trainer.algorithm.local_optimizer.logits_pass else 0
+    if trainer.fused_lm_head:
+        notes.append("logits: trl's fused LM head, planned from its tile sizes (trl 1.16)")
+    if curvature > loss:
+        notes.append("logits: the local optimizer's curvature pass (every position's logits) is larger than the loss's")
+    return elements * size * rows * lengths, max(loss, curvature)
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """The worst micro-batch's head: ``rows`` rows padded to ``length`` tokens (the collators pad a batch to its
+    longest row, so the batch holding the longest row is the largest), ``labelled`` labelled positions at most
+    (the rows with the most labels; None without a per-token ``labels`` column), a vocabulary of ``vocabulary``
+    after a hidden state of ``hidden``, logits in half precision (``half``) or fp32."""
+
+    rows: int
+    length: int
+    labelled: Optional[int]
+    vocabulary: int
+    hidden: int
+    half: bool
+
+    @property
+    def every(self) -> int:
+        return self.rows * self.length
+
+    @property
+    def scored(self) -> int:
+        return self.every if self.labelled is None else self.labelled
+
+
+def cross_entropy_bytes(head: HeadShape, labelled_only: bool) -> int:
+    """A causal LM's loss over materialised logits: ``LOSS_LOGITS`` fp32 logits-sized tensors at the labelled
+    positions (``logits_at_labels_only``) or at every position."""
+    return LOSS_LOGITS * (head.scored if labelled_only else head.every) * head.vocabulary * 4
+
+
+def logits_pass_bytes(head: HeadShape) -> int:
+    """Sophia's GNB pass through ``ModelAccess.logits`` (fedhf/optim/sophia.py): every position's logits in the
+    head's dtype and the copy that drops each row's last one (their two gradients in the backward), then the
+    labelled rows in fp32 (the upcast, the softmax, the log-softmax and its gradient)."""
+    return 2 * head.every * head.vocabulary * (2 if head.half else 4) + 4 * head.scored * head.vocabulary * 4
+
+
+def fused_head_bytes(head: HeadShape, labelled_only: bool) -> int:
+    """trl's fused LM head (trl.kernels.chunked_logprob, trl 1.16): the positions' log-probabilities computed in
+    tiles of at most ``TRL_TOKEN_TILE`` positions x ``TRL_VOCAB_TILE`` tokens; ``FUSED_TILES`` fp32 tile-sized
+    tensors at once in its backward on CPU, beside the fp32 copy of a vocabulary slice of the head's weight and
+    the fp32 gradient of the hidden states. Every position is scored, or only the labelled ones where trl runs
+    its Triton kernels (``labelled_only``)."""
+    positions = head.scored if labelled_only else head.rows * max(head.length - 1, 0)
+    vocab_tile = min(head.vocabulary, TRL_VOCAB_TILE)
+    tile = min(positions, TRL_TOKEN_TILE) * vocab_tile
+    return 4 * (FUSED_TILES * tile + vocab_tile * head.hidden + positions * head.hidden)
+
+
+def _trl_scores_labelled_only(args) -> bool:
+    """trl scores only the labelled positions where it runs Triton (CUDA, XPU), every position elsewhere."""
+    from transformers.utils import is_triton_available
+
+    return args.device.type in ("cuda", "xpu") and is_triton_available()
 
 
 def _floating_size(model: torch.nn.Module) -> int:
@@ -352,16 +434,17 @@ def autocast_copy_bytes(model: torch.nn.Module, half_autocast: bool) -> int:
                and not m.weight.requires_grad and m.weight.is_floating_point() and m.weight.element_size() > 2)
 
 
-def _most_labels(data) -> Optional[int]:
-    """The most labelled next-token positions (``labels`` != -100 after a row's first token) of any row, read from
-    the Arrow column; None without a per-token ``labels`` column (then every position counts)."""
+def _most_labels(data, rows: int) -> Optional[int]:
+    """The labelled next-token positions (``labels`` != -100 after a row's first token) of the ``rows`` rows that
+    have the most, read from the Arrow column; None without a per-token ``labels`` column (then every position
+    counts)."""
     if "labels" not in data.column_names or not pa.types.is_list(data.data.column("labels").type):
         return None
     labels = _column(data, "labels").combine_chunks()
     starts, ends = labels.offsets.to_numpy()[:-1], labels.offsets.to_numpy()[1:]
     labelled = np.concatenate([[0], np.cumsum(labels.values.to_numpy(zero_copy_only=False) != -100)])
     per_row = labelled[ends] - labelled[np.minimum(starts + 1, ends)]
-    return int(per_row.max()) if len(per_row) else 0
+    return int(np.sort(per_row)[::-1][:rows].sum())
 
 
 def _longest_row(data) -> Optional[int]:

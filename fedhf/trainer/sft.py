@@ -43,6 +43,7 @@ from transformers import TrainingArguments
 
 try:
     from trl import SFTConfig, SFTTrainer
+    from trl.trainer import utils as trl_utils
 except ImportError as err:  # pragma: no cover - exercised only where trl is missing
     raise ImportError("fedhf's FederatedSFTTrainer runs on trl's SFTTrainer, which is not installed: "
                       "pip install trl  (or pip install 'fedhf[llm]').") from err
@@ -129,6 +130,9 @@ class FederatedSFTTrainer(FederatedTrainer, SFTTrainer):
     """
 
     reads_every_logit = True  # trl's token metrics (entropy, mean_token_accuracy) read every position's logits
+    #: trl >= 1.16's loss goes through its fused LM head (log-probabilities in tiles, no logits): the memory plan
+    #: counts the tiles
+    fused_lm_head = hasattr(trl_utils, "add_fused_lm_head")
 
     def __init__(self, model=None, args: FederatedSFTConfig = None, data_collator=None, train_dataset=None,
                  *trainer_args, client_partitions=None, **trainer_kwargs) -> None:

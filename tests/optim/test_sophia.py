@@ -288,3 +288,19 @@ def test_direction_is_the_signed_clip_bit_for_bit():
     got = sophia_direction(m, h, 0.04, 8.0)
     assert torch.equal(got, expected)
     assert bool((got.abs() == 1).any()) and bool(((got.abs() < 1) & (got != 0)).any())
+
+
+@pytest.mark.parametrize("estimator", ["gnb", "empirical_fisher", "hutchinson"])
+def test_the_logits_pass_it_declares_is_the_one_it_runs(estimator):
+    """The memory plan counts every position's logits for the optimizers that declare ``logits_pass``: Sophia
+    declares it exactly for the estimator that calls ``ModelAccess.logits``."""
+    weight, x, labels = _linear_softmax()
+    calls = []
+    access = _access(torch.nn.Module())
+    access.logits = lambda batch: calls.append("logits") or batch["x"] @ weight.T
+    access.loss = lambda batch: F.cross_entropy(batch["x"] @ weight.T, batch["labels"])
+    optimizer = Sophia([("w", weight)], hessian_estimator=estimator, shift_labels=False)
+    optimizer.attach(access)
+    optimizer.refresh_hessian({"x": x, "labels": labels})
+    assert bool(calls) == Sophia.logits_pass(hessian_estimator=estimator)
+    assert (Sophia.unplanned_memory(hessian_estimator=estimator) is None) == (estimator != "hutchinson")
