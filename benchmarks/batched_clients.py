@@ -13,11 +13,22 @@ run (the two must agree to float rounding; tests/trainer/test_batched_round.py a
 head trained (stacked per client too), dropout off (a batched pass draws other masks than one client at a time, so
 the adapters would differ by more than rounding), tweets padded to ``--seq`` tokens, with their sentiment labels.
 
-Last line: ``batched_speedup c2=..x c4=..x ...`` (tokens/s batched over one at a time: the same tokens, so the round-time
-ratio; from one run).
+``--model gemma``: the bundled Gemma-3-270M (on a GPU the random-weight copy in ``$GEMMA_RANDOM_DIR`` when set,
+written by the GPU bundle's run script), LoRA r8 on q/v, the tweets as instructions (a ~40-token row with 1-3
+labelled tokens, padded per batch), so the head runs at the labelled positions only.
 
-    python benchmarks/batched_clients.py [--model llama|minilm] [--clients 8 --local_steps 4 --batch 4 --seq 128
-                                         --sizes 1,2,4,8]
+Printed after the rows:
+* ``round_overhead c1=..% ...``: per setting, the fastest round's time over the time of its local steps
+  (``LocalSteps.run``) minus 1: what a round costs beyond its steps (loading the global adapter, building the
+  optimizers and the data streams, reading the updates back, the sums);
+* ``batched_ops_per_step c1=<n> c4=<n> c16=<n>``: the aten ops (torch.profiler, CPU) of one fused forward/backward
+  of C clients' batches (``BatchedClients.fused_pass``); it must not grow with C. Handing each client the views of
+  its gradient slices afterwards adds C x (stacked linears) metadata-only ``select``s, not counted (no kernel);
+* last, ``batched_speedup c2=..x c4=..x ...`` (tokens/s batched over one at a time: the same tokens, so the
+  round-time ratio; from one run).
+
+    python benchmarks/batched_clients.py [--model llama|minilm|gemma] [--clients 8 --local_steps 4 --batch 4
+                                         --seq 128 --sizes 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -50,6 +61,10 @@ def build(directory: str, tokenizer, hidden: int, layers: int, device: str, kind
             attention_probs_dropout_prob=0.0).to(device)
         return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                 target_modules=["query", "value"], task_type="SEQ_CLS"))
+    if kind == "gemma":
+        from llm_gemma import lora_model  # noqa: E402  (benchmarks/llm_gemma.py: the same adapter)
+
+        return lora_model(gemma_path(), torch.bfloat16 if device == "cuda" else torch.float32).to(device)
     if not os.path.isfile(os.path.join(directory, "config.json")):
         torch.manual_seed(0)
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
@@ -63,6 +78,21 @@ def build(directory: str, tokenizer, hidden: int, layers: int, device: str, kind
                                             task_type="CAUSAL_LM"))
 
 
+def gemma_path() -> str:
+    """The random-weight Gemma-3-270M of a GPU run (``$GEMMA_RANDOM_DIR``) when set, else the bundled one."""
+    from fedhf.data import bundled_gemma
+
+    return os.environ.get("GEMMA_RANDOM_DIR") or bundled_gemma.gemma_3_270m_path()
+
+
+def gemma_instructions(tokenizer, rows: int):
+    """``rows`` tweets as instructions, the prompt masked (benchmarks/llm_gemma.py's data)."""
+    from fedhf.data.demo import load_tweet_instructions, subsample
+    from fedhf.data.sft import tokenize_sft
+
+    return tokenize_sft(subsample(load_tweet_instructions()["train"], rows, seed=0), tokenizer, max_length=64)
+
+
 def labelled_tweets(tokenizer, seq: int, rows: int):
     """``rows`` bundled tweets padded to ``seq`` tokens, with their sentiment labels (MiniLM's data)."""
     from fedhf.data.demo import load_tweets
@@ -72,46 +102,106 @@ def labelled_tweets(tokenizer, seq: int, rows: int):
                       batched=True, remove_columns=["text"]).with_format("torch")
 
 
+def collator(opts, tokenizer):
+    from transformers import default_data_collator
+
+    from fedhf.data.sft import SFTCollator
+
+    return SFTCollator(tokenizer) if opts.model == "gemma" else default_data_collator
+
+
+def config(opts, out: str, batched: int, device: str, rounds: int):
+    from fedhf import FederatedConfig
+
+    return FederatedConfig(output_dir=out, num_clients=opts.clients, clients_per_round=opts.clients,
+                           num_rounds=rounds, local_steps=opts.local_steps, partition="iid",
+                           algorithm="fedavg", learning_rate=0.1 if opts.model != "gemma" else 1e-3,
+                           round_lr_schedule="constant", per_device_train_batch_size=opts.batch,
+                           batched_clients=batched, max_grad_norm=0.0, report_to="none", disable_tqdm=True,
+                           logging_strategy="no", save_strategy="no", partition_report=False,
+                           use_cpu=device == "cpu", bf16=device == "cuda", seed=0)
+
+
 def run(batched: int, opts, model_dir: str, tokenizer, data, device: str) -> dict:
     import torch
-    from transformers import TrainerCallback, default_data_collator
+    from transformers import TrainerCallback
 
-    from fedhf import FederatedConfig, FederatedTrainer
+    from fedhf import FederatedTrainer
 
-    rounds = []
+    rounds, steps = [], []
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     class RoundClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            if device == "cuda":
-                torch.cuda.synchronize()
+            sync()
             self.begin = time.perf_counter()
+            steps.append(0.0)
 
         def on_step_end(self, args, state, control, **kwargs):
-            if device == "cuda":
-                torch.cuda.synchronize()
+            sync()
             rounds.append(time.perf_counter() - self.begin)
 
     model = build(model_dir, tokenizer, opts.hidden, opts.layers, device, opts.model)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as out:
-        args = FederatedConfig(output_dir=out, num_clients=opts.clients, clients_per_round=opts.clients,
-                               num_rounds=opts.rounds, local_steps=opts.local_steps, partition="iid",
-                               algorithm="fedavg", learning_rate=0.1, round_lr_schedule="constant",
-                               per_device_train_batch_size=opts.batch, batched_clients=batched, max_grad_norm=0.0,
-                               report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
-                               partition_report=False, use_cpu=device == "cpu", bf16=device == "cuda", seed=0)
-        FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator,
-                         callbacks=[RoundClock()]).train()
+        trainer = FederatedTrainer(model=model, args=config(opts, out, batched, device, opts.rounds),
+                                   train_dataset=data, data_collator=collator(opts, tokenizer),
+                                   callbacks=[RoundClock()])
+        local_steps = trainer.local.run
+
+        def timed_steps(*args, **kwargs):  # the K local steps of a client (or a batched chunk)
+            sync()
+            begin = time.perf_counter()
+            losses = local_steps(*args, **kwargs)
+            sync()
+            steps[-1] += time.perf_counter() - begin
+            return losses
+
+        trainer.local.run = timed_steps
+        trainer.train()
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     adapter = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
-    return {"seconds": min(rounds), "peak_MB": peak / 2**20, "adapter": adapter}
+    fastest = min(range(len(rounds)), key=rounds.__getitem__)
+    return {"seconds": rounds[fastest], "overhead": rounds[fastest] / steps[fastest] - 1, "peak_MB": peak / 2**20,
+            "adapter": adapter}
+
+
+def fused_pass_ops(copies: int, opts, model_dir: str, tokenizer, data, device: str) -> int:
+    """The aten ops torch.profiler records in one fused forward/backward of ``copies`` clients' batches."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedhf import FederatedTrainer
+    from fedhf.runtime.stacked_adapters import concat_batches, model_pad_id, stacked_clients
+    from fedhf.runtime.model_outputs import loss_items
+    from fedhf.trainer.batched_round import BatchedClients
+
+    model = build(model_dir, tokenizer, opts.hidden, opts.layers, device, opts.model)
+    collate = collator(opts, tokenizer)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = FederatedTrainer(model=model, args=config(opts, out, 2, device, 1), train_dataset=data,
+                                   data_collator=collate)
+        runner = BatchedClients(trainer)
+        batches = [collate([data[c * opts.batch + i] for i in range(opts.batch)]) for c in range(copies)]
+        items = torch.tensor([float(loss_items(b, trainer._loss_shifts_labels)) for b in batches],
+                             dtype=torch.float64)
+        batch, rows = concat_batches(batches, model_pad_id(trainer.model))
+        with stacked_clients(trainer.model, copies) as stack:
+            stack.routing.route(rows.segments)
+            runner.fused_pass(batch, stack, items)  # warm-up
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                runner.fused_pass(batch, stack, items)
+    return sum(1 for event in prof.events() if event.name.startswith("aten::"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("llama", "minilm"), default="llama")
+    parser.add_argument("--model", choices=("llama", "minilm", "gemma"), default="llama")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--local_steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=4)
@@ -120,6 +210,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--sizes", default="1,2,4,8", help="batched_clients values (1 = one at a time)")
+    parser.add_argument("--ops_sizes", default="1,4,16", help="C values of the batched_ops_per_step line ('' skips)")
     opts = parser.parse_args()
 
     import torch
@@ -128,9 +219,15 @@ def main() -> None:
     from fedhf.data.demo import minilm_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    data = (blocks(tokenizer, opts.seq, opts.clients * 16) if opts.model == "llama"
-            else labelled_tweets(tokenizer, opts.seq, opts.clients * 16))
+    ops_sizes = [int(s) for s in opts.ops_sizes.split(",") if s]
+    rows = opts.clients * 16
+    if opts.model == "gemma":
+        tokenizer = AutoTokenizer.from_pretrained(gemma_path())
+        data = gemma_instructions(tokenizer, max(rows, max(ops_sizes, default=1) * opts.batch))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+        data = (blocks(tokenizer, opts.seq, rows) if opts.model == "llama"
+                else labelled_tweets(tokenizer, opts.seq, rows))
     sizes = [int(s) for s in opts.sizes.split(",")]
     if sizes[0] != 1:
         parser.error("--sizes must start with 1 (the one-at-a-time reference)")
@@ -139,14 +236,20 @@ def main() -> None:
         for size in sizes:
             results[size] = r = run(size, opts, model_dir, tokenizer, data, device)
             gap = max(float((r["adapter"][n] - results[1]["adapter"][n]).abs().max()) for n in r["adapter"])
-            tokens = opts.clients * opts.local_steps * opts.batch * opts.seq
-            print(f"batched_clients={size:2d}  round {r['seconds']:7.2f} s  {tokens / r['seconds']:9.1f} tokens/s  "
+            rate = (f"{opts.clients * opts.local_steps * opts.batch / r['seconds']:9.1f} rows/s" if opts.model == "gemma"
+                    else f"{opts.clients * opts.local_steps * opts.batch * opts.seq / r['seconds']:9.1f} tokens/s")
+            print(f"batched_clients={size:2d}  round {r['seconds']:7.2f} s  {rate}  "
                   f"peak {r['peak_MB']:8.1f} MB  max |adapter - one-at-a-time| {gap:.2e}", flush=True)
+        ops = {c: fused_pass_ops(c, opts, model_dir, tokenizer, data, device) for c in ops_sizes}
     name = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
-    print(f"device={name} threads={torch.get_num_threads()} python={platform.python_version()} "
-          f"clients={opts.clients} local_steps={opts.local_steps} batch={opts.batch} seq={opts.seq} "
-          + (f"hidden={opts.hidden} layers={opts.layers}" if opts.model == "llama" else "model=MiniLM-L6 LoRA + head")
-          + f" best of {opts.rounds} rounds")
+    shape = {"llama": f"hidden={opts.hidden} layers={opts.layers}", "minilm": "model=MiniLM-L6 LoRA + head",
+             "gemma": "model=Gemma-3-270M LoRA r8 q/v, tweets as instructions"}[opts.model]
+    print(f"device={name} threads={torch.get_num_threads()} python={platform.python_version()} torch={torch.__version__} "
+          f"clients={opts.clients} local_steps={opts.local_steps} batch={opts.batch} "
+          + (f"seq={opts.seq} " if opts.model != "gemma" else "") + shape + f" best of {opts.rounds} rounds")
+    print("round_overhead " + " ".join(f"c{s}={100 * results[s]['overhead']:.1f}%" for s in sizes))
+    if ops:
+        print("batched_ops_per_step " + " ".join(f"c{c}={n}" for c, n in ops.items()))
     print("batched_speedup " + " ".join(f"c{s}={results[1]['seconds'] / results[s]['seconds']:.2f}x"
                                                 for s in sizes[1:]))
 

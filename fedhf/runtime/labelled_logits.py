@@ -4,8 +4,8 @@ In supervised fine-tuning most label tokens are ``-100`` (the prompt, the paddin
 projects every position onto the whole vocabulary before its loss drops those positions: for Gemma-3-270M
 (a 262,144-token vocabulary, 62 % of its parameters) and a 40-token row whose answer is 1-3 tokens, that
 projection and its float32 upcast are most of a step. transformers' models take ``logits_to_keep``, and a
-boolean ``(batch, sequence)`` mask keeps exactly its True positions (``slice_logits_to_keep``); their loss takes
-``shift_labels`` in place of shifting ``labels``. Given both, the model computes the same cross-entropy terms
+``(batch, K)`` integer tensor keeps those positions of each row (``slice_logits_to_keep``, a fixed-size gather);
+their loss takes ``shift_labels`` in place of shifting ``labels``. Given both, the model computes the same cross-entropy terms
 (the labelled positions are all it ever summed) over far fewer logits: the loss and its gradients are those of
 the full forward, up to float rounding (tests/runtime/test_labelled_logits.py).
 """
@@ -57,26 +57,43 @@ def predicts_at_positions(model) -> bool:
 
 
 def at_labelled_positions(inputs: Mapping) -> Mapping:
-    """``inputs`` with ``logits_to_keep`` (position t is kept when token t + 1 has a label) and ``shift_labels``
-    (those next tokens, in the mask's row-major order); unchanged when the labels are not per token or the caller
-    already chose positions."""
+    """``inputs`` with ``logits_to_keep`` and ``shift_labels`` from :func:`labelled_positions`; unchanged when the
+    labels are not per token, the caller already chose positions, or the rows are labelled almost everywhere
+    (:data:`FULL_HEAD_ABOVE`: then the full head is as cheap and skips the gathers)."""
     labels = inputs.get("labels")
     if not torch.is_tensor(labels) or labels.ndim != 2 or "logits_to_keep" in inputs or "shift_labels" in inputs:
         return inputs
-    keep = labelled_mask(labels)
-    return {**inputs, "logits_to_keep": keep, "shift_labels": labels[:, 1:][keep[:, :-1]]}
+    positions, shift_labels = labelled_positions(labels)
+    if positions.shape[1] > FULL_HEAD_ABOVE * max(labels.shape[1] - 1, 1):
+        return inputs
+    return {**inputs, "logits_to_keep": positions, "shift_labels": shift_labels}
 
 
-def labelled_mask(labels: torch.Tensor) -> torch.Tensor:
-    """(batch, sequence) booleans: position t predicts a labelled token t + 1."""
-    keep = torch.zeros_like(labels, dtype=torch.bool)
-    keep[:, :-1] = labels[:, 1:].ne(IGNORE)
-    return keep
+# The labelled-positions head is used while the most-labelled row of a batch has at most this share of its
+# positions labelled; above it the full head is used. Measured on CPU (benchmarks/labelled_head.py): the
+# gathers cost a few % at every share, so the head pays off until nearly every position is kept.
+FULL_HEAD_ABOVE = 0.9
 
 
-def row_losses_at(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Per row, the summed cross-entropy (fp32) of the logits a forward with ``logits_to_keep=keep`` returned
-    (one row of logits per kept position, in row-major order): what the full forward's per-row loss sums."""
-    tokens = F.cross_entropy(logits.float(), labels[:, 1:][keep[:, :-1]], reduction="none")
-    rows = keep.nonzero()[:, 0]
-    return torch.zeros(labels.shape[0], dtype=tokens.dtype, device=tokens.device).index_add(0, rows, tokens)
+def labelled_positions(labels: torch.Tensor):
+    """Fixed-size gathers for the head at labelled positions: ``positions`` (batch, K) int64, row b's positions t
+    whose next token t + 1 has a label, in order, K the most any row has (at least 1), a shorter row padded with
+    positions whose ``shift_labels`` entry is -100 (ignored by the loss); ``shift_labels`` (batch, K) those next
+    tokens. A 2D integer ``logits_to_keep`` is a ``take_along_dim`` in transformers' ``slice_logits_to_keep``, so
+    the model gathers (batch, K) hidden states with no data-dependent shape on the device; K is read where the
+    labels are. Call it on the host batch (before it moves to the device) and nothing waits for the device; no
+    boolean-mask indexing anywhere (a boolean ``logits_to_keep`` or ``nonzero`` would each wait for it)."""
+    keep = labels[:, 1:].ne(IGNORE)  # position t predicts token t + 1
+    most = max(int(keep.sum(1).max()), 1) if keep.numel() else 1
+    order = torch.argsort(keep.logical_not().to(torch.uint8), dim=1, stable=True)[:, :most]  # labelled first
+    shift_labels = torch.where(keep.gather(1, order), labels[:, 1:].gather(1, order), IGNORE)
+    return order, shift_labels
+
+
+def row_losses_at(logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
+    """Per row, the summed cross-entropy (fp32) of the logits a forward with the ``logits_to_keep`` positions of
+    :func:`labelled_positions` returned, (batch, K, vocabulary) against its ``shift_labels`` (batch, K): what the
+    full forward's per-row loss sums. Only the kept positions are upcast."""
+    tokens = F.cross_entropy(logits.float().flatten(0, 1), shift_labels.flatten(), ignore_index=IGNORE,
+                             reduction="none")
+    return tokens.view(shift_labels.shape).sum(1)

@@ -3,12 +3,14 @@
 A federated LoRA client trains a few MB of adapter on top of a frozen base of GBs; run one client at a time and
 the accelerator mostly waits. With ``batched_clients = C`` the trainer trains C of a round's clients at once:
 every trainable ``nn.Linear`` (LoRA's A and B, a classification head) is replaced for the chunk by a
-:class:`RoutedLinear` holding C copies (the equivalent of stacked A[C, r, in], B[C, out, r]); the C clients'
-batches are concatenated (client-major rows, padded on the right to one length) and go through the frozen base
-once, and row block c goes through copy c. The loss is the sum over clients of each client's own mean (tokens after the
-causal shift, or rows), so the gradient of copy c is exactly client c's gradient: the other clients' rows do
-not touch it. Each client keeps its own optimizer, correction and state sync on its own copy; an optimizer that
-runs the model itself (Sophia's curvature probe) does so with every row routed through its client's copy.
+:class:`StackedLinear` holding the C copies as one stacked weight (C, out, in); the C clients' batches are
+concatenated (client-major rows, padded on the right to one length) and go through the frozen base once, and each
+stacked linear runs row block c through copy c in one batched matmul, so the kernels of a fused step do not grow
+with C. The loss is the sum over clients of each client's own mean (tokens after the causal shift, or rows), so
+the gradient of copy c is exactly client c's gradient: the other clients' rows do not touch it. Each client keeps
+its own optimizer, correction and state sync on its own copy (views of its slice of the stacked storage); an
+optimizer that runs the model itself (Sophia's curvature probe) does so with every row routed through its
+client's copy.
 
 Prior art for one base and many adapters in one pass: S-LoRA / Punica (inference), mLoRA/ASPEN (Ye et al.,
 2023, arXiv:2312.02515) and LoRAFusion (independent fine-tuning jobs); here the jobs are federated clients.
@@ -17,9 +19,8 @@ Prior art for one base and many adapters in one pass: S-LoRA / Punica (inference
 from __future__ import annotations
 
 import contextlib
-import copy
-from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Mapping, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,33 +29,153 @@ IGNORE_INDEX = -100
 PAD_VALUES = {"labels": IGNORE_INDEX, "attention_mask": 0}  # input_ids: the model's pad id; any other column: 0
 
 
-@dataclass
 class Routing:
-    """Which rows of the concatenated batch belong to which copy: copy c owns rows ``segments[c]``."""
-    segments: List[Tuple[int, int]] = field(default_factory=list)
+    """Which rows of the concatenated batch belong to which copy: copy c owns rows ``segments[c]`` (client-major
+    blocks). ``client`` set: every row goes through that one copy (a client's own curvature pass).
+
+    The index tensors a stacked matmul needs (:meth:`blocks`) are built on the host from the segments, which the
+    host already knows (it concatenated the batches), and cached per routing: the hot path never reads the device
+    to learn a shape."""
+
+    def __init__(self, segments: Sequence[Tuple[int, int]] = ()) -> None:
+        self.route(segments)
+
+    def route(self, segments: Sequence[Tuple[int, int]]) -> None:
+        """Row block c of each following pass goes through copy c."""
+        self.segments: List[Tuple[int, int]] = list(segments)
+        self.client: Optional[int] = None
+        self._blocks: Dict[torch.device, Blocks] = {}
 
     def only(self, client: int, copies: int, rows: int) -> None:
         """Send every row of a ``rows``-row batch through copy ``client`` (a client's own curvature pass)."""
-        self.segments = [(0, 0)] * client + [(0, rows)] + [(rows, rows)] * (copies - client - 1)
+        self.route([(0, 0)] * client + [(0, rows)] + [(rows, rows)] * (copies - client - 1))
+        self.client = client
+
+    def blocks(self, device: torch.device) -> "Blocks":
+        """The padded block layout of the segments on ``device`` (cached)."""
+        if device not in self._blocks:
+            self._blocks[device] = Blocks.of(self.segments, device)
+        return self._blocks[device]
 
 
-class RoutedLinear(torch.nn.Module):
-    """C copies of a ``nn.Linear``, one per client; row block c of the input goes through copy c. Each copy is an
-    ordinary ``nn.Linear`` whose parameters are that client's own leaves of the graph, so a backward puts each
-    client's gradient on its own parameters and anything that differentiates a client's loss with respect to
-    its parameters (Sophia's curvature probe) works unchanged."""
+@dataclass(frozen=True)
+class Blocks:
+    """Client-major rows as C equal blocks of ``rows`` rows. When the segments differ in length, ``gather`` (C x
+    rows) picks each block's rows from the batch (a short block repeats its first row as padding, whose outputs
+    are dropped) and ``scatter`` (one per real row) picks the real rows back out of the C x rows outputs; both are
+    None when every client has the same number of rows. ``owner``: each row's client (for the per-client sums)."""
+    rows: int
+    gather: Optional[torch.Tensor]
+    scatter: Optional[torch.Tensor]
+    owner: torch.Tensor
+
+    @staticmethod
+    def of(segments: Sequence[Tuple[int, int]], device: torch.device) -> "Blocks":
+        lengths = [stop - start for start, stop in segments]
+        rows = max(lengths)
+        owner = [c for c, n in enumerate(lengths) for _ in range(n)]
+        if all(n == rows for n in lengths):
+            return Blocks(rows, None, None, to_device(torch.tensor(owner), device))
+        gather = [start + (j if j < stop - start else 0) for start, stop in segments for j in range(rows)]
+        scatter = [c * rows + j for c, n in enumerate(lengths) for j in range(n)]
+        return Blocks(rows, *(to_device(torch.tensor(index), device) for index in (gather, scatter, owner)))
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the device's queue (pinned, non-blocking on CUDA)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+class StackedLinear(torch.nn.Module):
+    """C copies of a ``nn.Linear``, one per client, stored as one stacked weight (C, out, in) and bias (C, out):
+    row block c of the input goes through copy c in one batched matmul (:class:`BlockLinear`), so a fused step runs
+    one kernel per linear whatever C (mLoRA's and LoRAFusion's batched adapters; here the jobs are clients).
+
+    ``copies[c]`` is an ordinary ``nn.Linear`` whose parameters are views of slice c of the stacked storage: what
+    the client's optimizer, correction, clipping and messages hold. An optimizer's in-place step on them writes
+    the stacked weight the next pass reads. The shared pass differentiates the stacked tensors;
+    :meth:`grads_to_copies` then hands each copy the view of its slice of the stacked gradient. A client's own
+    pass (``routing.client`` set: Sophia's curvature probe, FOOF's statistics) runs its copy as a plain linear, so
+    anything that differentiates with respect to the client's parameters, or hooks its module, works unchanged."""
 
     def __init__(self, linear: torch.nn.Linear, copies: int, routing: Routing) -> None:
         super().__init__()
-        self.copies = torch.nn.ModuleList(copy.deepcopy(linear) for _ in range(copies))
         self.routing = routing
+        self.stacked_weight = _stack(linear.weight, copies)
+        self.stacked_bias = None if linear.bias is None else _stack(linear.bias, copies)
+        self.copies = torch.nn.ModuleList(self._view(linear, c) for c in range(copies))
+
+    def _view(self, linear: torch.nn.Linear, c: int) -> torch.nn.Linear:
+        view = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        view.weight = torch.nn.Parameter(self.stacked_weight.detach()[c])
+        if linear.bias is not None:
+            view.bias = torch.nn.Parameter(self.stacked_bias.detach()[c])
+        return view
 
     @property
     def weight(self) -> torch.Tensor:  # peft casts its input to ``lora_A.weight.dtype``
         return self.copies[0].weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.copies[c](x[start:stop]) for c, (start, stop) in enumerate(self.routing.segments)])
+        if self.routing.client is not None:
+            return self.copies[self.routing.client](x)
+        blocks = self.routing.blocks(x.device)
+        copies = len(self.copies)
+        rows = x if blocks.gather is None else x.index_select(0, blocks.gather)
+        rows = rows.reshape(copies, -1, x.shape[-1])  # (C, block rows x positions, in)
+        out = BlockLinear.apply(rows, self.stacked_weight, self.stacked_bias)
+        out = out.reshape(copies * blocks.rows, *x.shape[1:-1], out.shape[-1])
+        return out if blocks.scatter is None else out.index_select(0, blocks.scatter)
+
+    def grads_to_copies(self) -> None:
+        """Each copy's gradient: its slice of the stacked gradient (a view), which is then released from the
+        stacked tensor (the next pass accumulates afresh, as each client's ``zero_grad`` expects)."""
+        for name, stacked in (("weight", self.stacked_weight), ("bias", self.stacked_bias)):
+            if stacked is None:
+                continue
+            grads = (None,) * len(self.copies) if stacked.grad is None else stacked.grad.unbind(0)
+            stacked.grad = None
+            for copy_, grad in zip(self.copies, grads):
+                getattr(copy_, name).grad = grad
+
+
+class BlockLinear(torch.autograd.Function):
+    """``F.linear`` per client block in one batched matmul: x (C, N, in), weight (C, out, in), bias (C, out) or
+    None -> (C, N, out). The backward is linear's, batched over clients with the same operands in the same order
+    (grad weight = g^T x, grad input = g W, grad bias = g summed over rows): autograd's own backward of ``bmm``
+    would form x^T g instead, whose rounding differs, and Muon's orthogonalisation turns a rounding difference
+    in a weak gradient direction into a visible one. So a client's gradient here is the one it gets trained alone
+    (bitwise, on CPU, for blocks without padding rows). Under autocast the operands are cast as autocast casts
+    ``F.linear``'s, and each gradient goes back in its tensor's own dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else weight.dtype
+        ctx.dtypes = x.dtype, weight.dtype, None if bias is None else bias.dtype
+        x, weight = x.to(dtype), weight.to(dtype)
+        ctx.save_for_backward(x, weight)
+        with torch.autocast(kind, enabled=False):
+            if bias is None:
+                return torch.bmm(x, weight.transpose(1, 2))
+            return torch.baddbmm(bias.to(dtype).unsqueeze(1), x, weight.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        x_dtype, weight_dtype, bias_dtype = ctx.dtypes
+        grad = grad.to(x.dtype)
+        grad_x = torch.bmm(grad, weight).to(x_dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), x).to(weight_dtype) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(1).to(bias_dtype) if bias_dtype is not None and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+def _stack(value: torch.Tensor, copies: int) -> torch.Tensor:
+    """``copies`` copies of ``value`` stacked on a new first axis: a fresh leaf that requires grad."""
+    return value.detach().unsqueeze(0).repeat(copies, *([1] * value.ndim)).requires_grad_()
 
 
 def trainable_linears(model: torch.nn.Module) -> Dict[str, torch.nn.Linear]:
@@ -77,21 +198,33 @@ def trainable_linears(model: torch.nn.Module) -> Dict[str, torch.nn.Linear]:
 Views = List[Dict[str, torch.nn.Parameter]]
 
 
+@dataclass
+class StackedClients:
+    """The clients of a chunk on the resident model: the routing of each pass, each client's parameters under the
+    model's own names (views of the stacked storage), and the stacked linears."""
+    routing: Routing
+    views: Views
+    linears: List[StackedLinear]
+
+    def grads_to_clients(self) -> None:
+        """After a shared backward: each client's parameters get their slices of the stacked gradients."""
+        for linear in self.linears:
+            linear.grads_to_copies()
+
+
 @contextlib.contextmanager
-def stacked_clients(model: torch.nn.Module, copies: int) -> Iterator[Tuple[Routing, Views]]:
-    """Swap every trainable linear for a :class:`RoutedLinear` of ``copies`` copies (each starting from the
-    module's current values) for the duration of the block. Yields the routing and, per copy, its parameters
-    under the model's own names (what the client's optimizer, correction and messages use). The original
-    modules come back afterwards."""
+def stacked_clients(model: torch.nn.Module, copies: int) -> Iterator[StackedClients]:
+    """Swap every trainable linear for a :class:`StackedLinear` of ``copies`` copies (each starting from the
+    module's current values) for the duration of the block. The original modules come back afterwards."""
     routing = Routing()
     originals = trainable_linears(model)
-    routed = {name: RoutedLinear(linear, copies, routing) for name, linear in originals.items()}
-    for name, module in routed.items():
+    stacked = {name: StackedLinear(linear, copies, routing) for name, linear in originals.items()}
+    for name, module in stacked.items():
         _replace(model, name, module)
     try:
-        views: Views = [{f"{name}.{pname}": p for name, module in routed.items()
+        views: Views = [{f"{name}.{pname}": p for name, module in stacked.items()
                           for pname, p in module.copies[c].named_parameters()} for c in range(copies)]
-        yield routing, views
+        yield StackedClients(routing, views, list(stacked.values()))
     finally:
         for name, module in originals.items():
             _replace(model, name, module)
@@ -167,5 +300,6 @@ def row_losses(logits: torch.Tensor, labels: torch.Tensor, shifted: bool) -> tor
 
 
 def per_client(values: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """Sum of ``values`` over each client's rows: shape (C,)."""
-    return torch.stack([values[start:stop].sum() for start, stop in routing.segments])
+    """Sum of ``values`` over each client's rows: shape (C,), one index_add whatever C."""
+    owner = routing.blocks(values.device).owner
+    return values.new_zeros(len(routing.segments)).index_add(0, owner, values)

@@ -21,9 +21,10 @@ from typing import List
 import torch
 
 from ..core.sums import RoundSums
-from ..runtime.stacked_adapters import Routing, concat_batches, model_pad_id, per_client, row_losses, stacked_clients
+from ..runtime.stacked_adapters import (Routing, StackedClients, concat_batches, model_pad_id, per_client, row_losses,
+                                        stacked_clients, to_device)
 from ..core.context import ClientContext
-from ..runtime.labelled_logits import labelled_mask, row_losses_at
+from ..runtime.labelled_logits import at_labelled_positions, row_losses_at
 from ..runtime.model_outputs import logits_of, loss_items
 from ..optim import ModelAccess
 from .runners import Runner
@@ -50,9 +51,10 @@ class BatchedClients(Runner):
     def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
         """No personal tensors here (refused): nothing per client to load."""
         trainer = self.trainer
-        with stacked_clients(trainer.model, len(contexts)) as (routing, views):
+        with stacked_clients(trainer.model, len(contexts)) as stack:
+            routing = stack.routing
             optimizers, random_states = [], []
-            for c, (ctx, params) in enumerate(zip(contexts, views)):
+            for c, (ctx, params) in enumerate(zip(contexts, stack.views)):
                 ctx.params = params  # the client's own copy of the adapters
                 optimizers.append(trainer._begin_client(ctx, self._routed_access(ctx, routing, c, len(contexts))))
                 random_states.append(_random_state())  # its own stream (seeded in _begin_client), kept apart
@@ -63,7 +65,7 @@ class BatchedClients(Runner):
                     optimizer.before_forward(step, batches[0])
                     random_states[c] = _random_state()
 
-            losses = trainer.local.run(contexts, optimizers, lambda micro: self._shared_backward(micro, routing),
+            losses = trainer.local.run(contexts, optimizers, lambda micro: self._shared_backward(micro, stack),
                                        before_forward)
             for ctx, optimizer, loss in zip(contexts, optimizers, losses):
                 trainer._finish_client(ctx, optimizer, loss, trainer.plan.buffers, sums)
@@ -80,26 +82,37 @@ class BatchedClients(Runner):
 
         return ModelAccess(access.model, routed(access.loss), routed(access.logits), access.batches)
 
-    def _shared_backward(self, micro: List[List[dict]], routing) -> torch.Tensor:
-        """One backward per micro-batch over the clients' concatenated rows; returns each client's step loss
-        (its mean over the step's micro-batches), shape (C,)."""
+    def _shared_backward(self, micro: List[List[dict]], stack: StackedClients) -> torch.Tensor:
+        """One backward per micro-batch over the clients' concatenated rows, then each client's gradient handed
+        to its parameters; returns each client's step loss (its mean over the step's micro-batches), shape (C,),
+        on the model's device (read once per client at the end of its round, not per step)."""
         trainer = self.trainer
         shifted = trainer._loss_shifts_labels
         items = torch.tensor([max(sum(loss_items(b, shifted) for b in batches), 1) for batches in micro],
                              dtype=torch.float64)
-        step_loss = torch.zeros(len(micro), dtype=torch.float64)
+        step_loss = 0.0
         pad_id = model_pad_id(trainer.model)
         for m in range(len(micro[0])):
             batch, rows = concat_batches([batches[m] for batches in micro], pad_id)
-            routing.segments = rows.segments
-            inputs = trainer._prepare_inputs(batch)
-            labels = inputs.pop("labels")
-            keep = labelled_mask(labels) if trainer.labelled_logits else None  # the head where labels are
-            with trainer.autocast_smart_context_manager():
-                logits = logits_of(trainer.model(**inputs) if keep is None
-                                   else trainer.model(**inputs, logits_to_keep=keep))
-            losses = row_losses(logits, labels, shifted) if keep is None else row_losses_at(logits, labels, keep)
-            client_loss = per_client(losses, routing) / items.to(logits.device)
-            trainer.accelerator.backward(client_loss.sum())
-            step_loss += client_loss.detach().double().cpu()
+            stack.routing.route(rows.segments)
+            step_loss = step_loss + self.fused_pass(batch, stack, items)
+        stack.grads_to_clients()
         return step_loss
+
+    def fused_pass(self, batch: dict, stack: StackedClients, items: torch.Tensor) -> torch.Tensor:
+        """The forward and backward of the C clients' concatenated (host) ``batch``, routed by ``stack.routing``;
+        returns each client's loss (its summed loss over ``items``, its label tokens or rows), detached, (C,).
+        Its aten ops do not grow with C (benchmarks/batched_clients.py counts them): one batched matmul per
+        stacked linear, fixed-size gathers, one index_add for the per-client sums, no read of the device."""
+        trainer = self.trainer
+        if trainer.labelled_logits:  # the head where labels are: positions chosen on the host batch
+            batch = at_labelled_positions(batch)
+        inputs = trainer._prepare_inputs(batch)
+        labels, shift_labels = inputs.pop("labels"), inputs.pop("shift_labels", None)
+        with trainer.autocast_smart_context_manager():
+            logits = logits_of(trainer.model(**inputs))
+        losses = (row_losses(logits, labels, trainer._loss_shifts_labels) if shift_labels is None
+                  else row_losses_at(logits, shift_labels))
+        client_loss = per_client(losses, stack.routing) / to_device(items, logits.device)
+        trainer.accelerator.backward(client_loss.sum())
+        return client_loss.detach().double()

@@ -22,6 +22,7 @@ from ..core.params import TensorDict, difference, snapshot
 from ..core.schedule import stream_seed
 from ..core.sums import RoundSums
 from ..optim import ModelAccess, OptimizerHooks
+from ..runtime.labelled_logits import at_labelled_positions
 from ..runtime.model_outputs import loss_items
 from .hooks import ClientMessages
 
@@ -131,7 +132,7 @@ class LocalSteps:
         if len(micro_batches) == 1:
             if loss_items(micro_batches[0], shifted) == 0:
                 return 0.0
-            return trainer.training_step(trainer.model, micro_batches[0]).double()
+            return trainer.training_step(trainer.model, self._head_at_labels(micro_batches[0])).double()
         if trainer.compute_loss_func is not None or trainer.loss_is_scaled_for_ga:
             raise ValueError("gradient_accumulation_steps > 1 needs the model's own mean loss; a `compute_loss_func` "
                              "(or a loss already scaled for accumulation) cannot be weighted per micro-batch. Use "
@@ -142,9 +143,15 @@ class LocalSteps:
             if n == 0:  # nothing to learn from (all labels masked): its mean would be NaN
                 continue
             trainer.current_gradient_accumulation_steps = sum(items) / n
-            loss = loss + trainer.training_step(trainer.model, batch).double()
+            loss = loss + trainer.training_step(trainer.model, self._head_at_labels(batch)).double()
         trainer.current_gradient_accumulation_steps = 1
         return loss
+
+    def _head_at_labels(self, batch: dict) -> dict:
+        """The host batch with its labelled positions chosen (fixed-size gathers, fedhf/runtime/labelled_logits.py)
+        when the trainer projects only those: chosen here, before the batch moves, the device is never read for a
+        shape (``compute_loss`` leaves positions already chosen alone)."""
+        return at_labelled_positions(batch) if self.trainer.labelled_logits else batch
 
     def finish(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: float,
                buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedhf.data.sft import SFTCollator
-from fedhf.runtime.labelled_logits import PROVEN_CAUSAL_LMS, at_labelled_positions, predicts_at_positions
+from fedhf.runtime.labelled_logits import (PROVEN_CAUSAL_LMS, at_labelled_positions, labelled_positions,
+                                           predicts_at_positions)
 from tests.helpers import IdsOnly, answer_rows, config, lora_minilm, tiny_llama_lora, tweet_sft
 
 
@@ -35,8 +39,10 @@ def test_same_loss_and_gradients_as_every_position(tokenizer):
         extra = {} if items is None else {"num_items_in_batch": items}
         full, full_grads = _loss_and_grads(model, batch, **extra)
         kept, kept_grads = _loss_and_grads(model, at_labelled_positions(batch), **extra)
-        labelled = int(batch["labels"][:, 1:].ne(-100).sum())
-        assert kept.logits.shape == (labelled, full.logits.shape[-1])  # one row of logits per labelled token
+        most = int(batch["labels"][:, 1:].ne(-100).sum(1).max())
+        rows, width = batch["labels"].shape
+        assert most < width // 2  # one logit row per row's labelled token (shorter rows padded to the most)
+        assert kept.logits.shape == (rows, most, full.logits.shape[-1])
         assert full.logits.shape[:2] == batch["labels"].shape
         torch.testing.assert_close(kept.loss, full.loss, rtol=1e-5, atol=1e-6)
         for name, grad in full_grads.items():  # to 1e-5 of the tensor's largest gradient (float32 rounding)
@@ -148,15 +154,61 @@ def test_the_trainer_trains_with_it_and_can_be_told_not_to(tokenizer, tmp_path):
 
 def test_per_row_losses_at_labelled_positions_equal_the_full_ones(tokenizer):
     """What batched clients sum per client: each row's loss, from the labelled positions' logits only."""
-    from fedhf.runtime.labelled_logits import labelled_mask, row_losses_at
+    from fedhf.runtime.labelled_logits import labelled_positions, row_losses_at
     from fedhf.runtime.stacked_adapters import row_losses
 
     model = tiny_llama_lora(len(tokenizer))
     batch = _batch(tokenizer)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    keep = labelled_mask(batch["labels"])
+    positions, shift_labels = labelled_positions(batch["labels"])
     with torch.no_grad():
         full = row_losses(model(**inputs).logits, batch["labels"], shifted=True)
-        kept = row_losses_at(model(**inputs, logits_to_keep=keep).logits, batch["labels"], keep)
+        kept = row_losses_at(model(**inputs, logits_to_keep=positions).logits, shift_labels)
     assert (full > 0).all()
     torch.testing.assert_close(kept, full, rtol=1e-5, atol=1e-5)
+
+
+def test_positions_are_fixed_size_gathers_in_order_with_ignored_padding():
+    labels = torch.tensor([[-100, -100, 7, 8, -100],
+                           [-100, 5, -100, -100, 9],
+                           [-100, -100, -100, -100, -100]])
+    positions, shift_labels = labelled_positions(labels)
+    assert positions.shape == shift_labels.shape == (3, 2)  # the most any row has
+    assert positions[0].tolist() == [1, 2] and shift_labels[0].tolist() == [7, 8]  # position t predicts t + 1
+    assert positions[1].tolist() == [0, 3] and shift_labels[1].tolist() == [5, 9]
+    assert shift_labels[2].tolist() == [-100, -100]  # nothing labelled: padding the loss ignores
+    everywhere = torch.arange(12).view(2, 6)  # every position labelled: the full head, no gathers
+    assert at_labelled_positions({"labels": everywhere}).keys() == {"labels"}
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops a block runs, with whether an index argument was boolean (a mask: a data-dependent shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names, self.masked = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.names.append(name)
+        flat = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+        if name.startswith("index") and any(torch.is_tensor(a) and a.dtype == torch.bool for a in flat):
+            self.masked.append(name)
+        if name == "_local_scalar_dense":  # a tensor read on the host: only transformers' own attention-mask
+            files = [frame.filename for frame in traceback.extract_stack()]  # check (Trainer's step makes it too)
+            if not any(f.endswith("masking_utils.py") for f in files):
+                self.masked.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_training_forward_and_loss_read_no_data_dependent_shape(tokenizer):
+    """No host sync on the hot path: no nonzero, no boolean-mask indexing, in the forward, the loss and the
+    backward (on a GPU each would wait for the device to learn a shape)."""
+    model = tiny_llama_lora(len(tokenizer))
+    inputs = at_labelled_positions(_batch(tokenizer))  # on the host batch, as LocalSteps does
+    ops = _Ops()
+    with ops:
+        model(**inputs).loss.backward()
+    assert "mm" in ops.names or "addmm" in ops.names  # the mode saw the pass
+    assert not {"nonzero", "masked_select", "masked_scatter"} & set(ops.names)
+    assert ops.masked == []

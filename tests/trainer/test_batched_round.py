@@ -12,7 +12,7 @@ import torch
 from peft import LoraConfig, TaskType, get_peft_model
 
 from fedhf import FederatedTrainer
-from fedhf.runtime.stacked_adapters import RoutedLinear, Routing, concat_batches
+from fedhf.runtime.stacked_adapters import Routing, StackedLinear, concat_batches
 from fedhf.data.sft import SFTCollator
 
 from tests.helpers import config, lora_minilm, tiny_llama_lora, trainable_state, tweet_sft, tweet_trainer
@@ -99,22 +99,33 @@ def test_minilm_classifier_with_a_trainable_head(tmp_path, minilm, tweets, token
     _assert_same_run(sequential, together)
 
 
-def test_each_copy_gets_only_its_own_rows_gradient():
+@pytest.mark.parametrize("segments", [[(0, 2), (2, 5)], [(0, 3), (3, 6)]])  # a short block padded; equal blocks
+def test_each_copy_gets_only_its_own_rows_gradient(segments):
     torch.manual_seed(0)
     linear = torch.nn.Linear(5, 3)
-    routing = Routing([(0, 2), (2, 5)])
-    routed = RoutedLinear(linear, 2, routing)
-    x = torch.randn(5, 5)
-    (routed(x) ** 2).sum().backward()
+    routing = Routing(segments)
+    stacked = StackedLinear(linear, 2, routing)
+    rows = segments[-1][1]
+    x = torch.randn(rows, 40, 5)  # rows x positions x features, as LoRA's A sees them
+    (stacked(x) ** 2).sum().backward()
+    stacked.grads_to_copies()
+    assert stacked.stacked_weight.grad is None  # released: the next pass accumulates afresh
     for c, (start, stop) in enumerate(routing.segments):
         alone = torch.nn.Linear(5, 3)
         alone.load_state_dict(linear.state_dict())
         (alone(x[start:stop]) ** 2).sum().backward()
-        torch.testing.assert_close(routed.copies[c].weight.grad, alone.weight.grad, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(routed.copies[c].bias.grad, alone.bias.grad, rtol=1e-6, atol=1e-7)
-    routing.only(1, 2, 5)  # a client's own pass: every row through its copy
-    assert routing.segments == [(0, 0), (0, 5)]
-    torch.testing.assert_close(routed(x), routed.copies[1](x))
+        # bitwise: linear's backward, batched in the same operand order (autograd's bmm backward rounds otherwise)
+        torch.testing.assert_close(stacked.copies[c].weight.grad, alone.weight.grad, rtol=0, atol=0)
+        torch.testing.assert_close(stacked.copies[c].bias.grad, alone.bias.grad, rtol=0, atol=0)
+    with torch.no_grad():  # a client's optimizer steps its copy in place: the stacked weight is that storage
+        stacked.copies[1].weight.add_(1.0)
+    torch.testing.assert_close(stacked.stacked_weight[1], linear.weight + 1.0)
+    torch.testing.assert_close(stacked.stacked_weight[0], linear.weight)
+    routing.only(1, 2, rows)  # a client's own pass: every row through its copy
+    assert routing.segments == [(0, 0), (0, rows)] and routing.client == 1
+    torch.testing.assert_close(stacked(x), stacked.copies[1](x))
+    routing.route(segments)
+    assert routing.client is None
 
 
 def test_concatenation_pads_on_the_right_with_the_pad_id_and_records_each_clients_rows():
