@@ -102,7 +102,7 @@ def _recipe_arguments(config: str, overrides: List[str]):
 
 def _is_network_error(err: BaseException) -> bool:
     module = type(err).__module__.split(".")[0]
-    return isinstance(err, ConnectionError) or module in ("httpx", "httpcore", "requests", "urllib3")
+    return isinstance(err, ConnectionError) or module.startswith(("httpx", "httpcore", "requests", "urllib3"))
 
 
 def _resume_hint(output_dir: str, command: List[str]) -> str:
