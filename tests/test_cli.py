@@ -174,6 +174,7 @@ def test_ctrl_c_names_the_resume_command_which_ends_as_the_uninterrupted_run_and
     assert all(bool((resumed[n] == uninterrupted[n]).all()) for n in resumed if n not in counted)
     histories = [json.loads((d / "federated_history.json").read_text()) for d in (tmp_path / "full", cut)]
     assert _without_timings(histories[0]) == _without_timings(histories[1]) and histories[1][-1]["round"] == 3
+    assert all(h["round_runtime"] > 0 for h in histories[1])  # each round's wall time
 
 
 def test_input_errors_are_one_line_with_the_closest_name_and_no_file_written(tmp_path, capsys):
