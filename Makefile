@@ -21,7 +21,8 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(RUN_ENV) $(PY) -m fedhf train --config recipes/tweets_minilm_lora_scaffold_dir0.3_n12.yaml --output_dir outputs/quickstart
+	$(RUN_ENV) $(PY) -m fedhf train --config recipes/tweets_minilm_lora_scaffold_dir0.3_n12.yaml --output_dir outputs/quickstart \
+		--overwrite_output_dir true
 
 # Offline federated LoRA SFT of the pretrained Gemma-3-270M (bundled-gemma-3-270m: built once into .cache, about a
 # minute) on the bundled tweets as instructions, Dirichlet over the sentiment, FAdam-GT (the best of three seed

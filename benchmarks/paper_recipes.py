@@ -97,7 +97,7 @@ def run_row(recipe: str, row: str, overrides: list, seed: int, runs_dir: str) ->
         with open(done) as f:
             return json.load(f)
     command = [sys.executable, "-m", "fedhf", "train", "--config", os.path.join("recipes", recipe + ".yaml"),
-               *overrides, "--seed", str(seed), "--output_dir", out]
+               *overrides, "--seed", str(seed), "--output_dir", out, "--overwrite_output_dir", "true"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     start = time.perf_counter()

@@ -1,62 +1,153 @@
 """The ``fedhf`` command: run a recipe, list the algorithms, or write a dataset's partition report.
 
-    fedhf train --config recipes/X.yaml [--field value ...]   # --field: any FederatedConfig field
+    fedhf train --config recipes/X.yaml [--field value ...] [--resume [PATH]]   # --field: a FederatedConfig field
     fedhf algorithms
     fedhf partition --config recipes/X.yaml [--field value ...]
+    fedhf --version
 
-Recipes are described in :mod:`fedhf.recipes`. ``python -m fedhf`` is the same command.
+Recipes are described in :mod:`fedhf.recipes`. ``python -m fedhf`` is the same command. An input error is one
+line (``fedhf: error: ...``, exit status 2; ``--debug`` shows the traceback), before any work; Ctrl-C ends with
+the last checkpoint and the command that resumes from it (exit status 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
+import shlex
 import sys
-from typing import List, Optional
+from typing import List, Optional, Union
+
+INTERRUPTED = 130  # the shell's status for a run ended by SIGINT
+
+
+class NetworkError(Exception):
+    """The Hub could not be reached (push_to_hub's repository creation): fedhf's message, not a transport traceback."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedhf", description="Federated fine-tuning as a Hugging Face workflow.")
+    from .cli_fields import fields_help
+    from .version import __version__
+
+    parser = argparse.ArgumentParser(prog="fedhf", allow_abbrev=False,
+                                     description="Federated fine-tuning as a Hugging Face workflow. Add --debug to "
+                                                 "any command to see the traceback of an error.")
+    parser.add_argument("--version", action="version", version=f"fedhf {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("train", "Train a recipe; --field value overrides a FederatedConfig field of its train:."),
                        ("partition", "Write partition.json/png of a recipe's data to output_dir, without training.")):
-        sub = commands.add_parser(name, help=text, description=text)
+        sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False,
+                                  epilog=fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.add_argument("--config", required=True, help="The recipe (YAML with model/lora/data/train sections).")
-    commands.add_parser("algorithms", help="List the named algorithms and their four axes.")
+        if name == "train":
+            sub.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",
+                             help="Resume from a checkpoint-N folder (default: the newest in output_dir); the "
+                                  "run's checkpoints are kept, whatever overwrite_output_dir says.")
+    commands.add_parser("algorithms", help="List the named algorithms and their four axes (names --algorithm, "
+                                           "--local_optimizer, --state_sync, --correction, --server_rule accept).")
     return parser
 
 
+def _registry_name(registry, component, keys=()) -> str:
+    """The registry name that builds ``component``'s class (and the values its partial fixes): what the config
+    accepts, rather than the component's display name."""
+    for name in registry.names():
+        factory = registry.get(name)
+        fixed = getattr(factory, "keywords", {})
+        if getattr(factory, "func", factory) is type(component) and all(
+                getattr(component, k, None) == v for k, v in fixed.items()):
+            return name
+    raise LookupError(f"{type(component).__name__} is built by no {registry.kind} of the registry")
+
+
+def _server_rule_name(rule) -> str:
+    """``mean+lr`` -> ``mean``, ``mean+adam`` -> ``adam``, ``fedex_lora+lr`` -> ``fedex_lora``: SERVER_RULES' names."""
+    aggregator, _, transform = rule.name.partition("+")
+    return transform if aggregator == "mean" and transform not in ("lr", "") else aggregator
+
+
 def algorithms_table() -> List[str]:
-    """One row per named algorithm: its local optimizer, state sync, correction and server rule, and whether it
-    survives secure aggregation (found by running its server halves on sums only: fedhf/trainer/secagg_check.py)."""
+    """One row per named algorithm: the registry names of its local optimizer, state sync, correction and server
+    rule (each accepted by the same FederatedConfig field), and whether it survives secure aggregation (found by
+    running its server halves on sums only: fedhf/trainer/secagg_check.py)."""
     from .algorithms import get_algorithm, list_algorithms
+    from .corrections import CORRECTIONS
     from .trainer.secagg_check import secagg_compatibility
 
-    rows = [("algorithm", "local optimizer", "state sync", "correction", "server rule", "secure aggregation")]
+    rows = [("algorithm", "local_optimizer", "state_sync", "correction", "server_rule", "secure aggregation")]
     for name in list_algorithms():
         algo = get_algorithm(name)
-        rows.append((name, algo.local_optimizer.cls.__name__, algo.state_sync.name, algo.correction.name,
-                     algo.server_rule.name, "yes" if secagg_compatibility(algo)[0] else "no"))
+        rows.append((name, algo.local_optimizer.optimizer, algo.state_sync.name,
+                     _registry_name(CORRECTIONS, algo.correction), _server_rule_name(algo.server_rule),
+                     "yes" if secagg_compatibility(algo)[0] else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def train(config: str, overrides: List[str]) -> dict:
-    """Run the recipe; returns the last history record (written to output_dir with the final model)."""
+def _recipe_arguments(config: str, overrides: List[str]):
+    """The recipe and its FederatedConfig, every ``--field`` checked first (exact names, "did you mean")."""
+    from .cli_fields import check_flags
+    from .recipes import DataSection, ModelSection, load_recipe
+
+    recipe = load_recipe(config)
+    sections = {"data": [f.name for f in dataclasses.fields(DataSection)],
+                "model": [f.name for f in dataclasses.fields(ModelSection)]}
+    problem = check_flags(overrides, sections)
+    if problem:
+        raise ValueError(problem)
+    return recipe, recipe.training_arguments(overrides)
+
+
+def _is_network_error(err: BaseException) -> bool:
+    module = type(err).__module__.split(".")[0]
+    return isinstance(err, ConnectionError) or module.startswith(("httpx", "httpcore", "requests", "urllib3"))
+
+
+def _resume_hint(output_dir: str, command: List[str]) -> str:
+    from .state.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(output_dir)
+    if last is None:
+        return "no checkpoint was written (set --save_every_rounds N to make a run resumable)"
+    return (f"last checkpoint {last}; resume with: {shlex.join([*command, '--resume'])}  "
+            f"(Python: trainer.train(resume_from_checkpoint={last!r}))")
+
+
+def train(config: str, overrides: List[str], resume: Union[str, bool, None] = None) -> dict:
+    """Run the recipe (from a checkpoint with ``resume``: a path, or True for the newest in output_dir); returns
+    the last history record (written to output_dir with the final model)."""
     import torch
 
     from . import FederatedTrainer
-    from .recipes import TASKS, load_recipe, load_splits
+    from .recipes import TASKS, load_splits
+    from .state.run import resolve_checkpoint
 
-    recipe = load_recipe(config)
-    args = recipe.training_arguments(overrides)
+    recipe, args = _recipe_arguments(config, overrides)
+    checkpoint = resolve_checkpoint(args.output_dir, resume)  # checked before the model and data load
+    if checkpoint is not None:
+        done = re.search(r"(\d+)$", os.path.normpath(checkpoint))
+        print(f"resuming from {checkpoint} ({done.group(1) if done else '?'}/{args.num_rounds} rounds done)")
     torch.manual_seed(args.seed)  # a fresh head's (or a model from a config's) initialisation follows the seed
     built = TASKS[recipe.model.task](recipe, load_splits(recipe.data, args.seed))
-    trainer = FederatedTrainer(model=built.model, args=args, train_dataset=built.train_dataset,
-                               eval_dataset=built.eval_dataset, data_collator=built.data_collator,
-                               processing_class=built.processing_class, compute_metrics=built.compute_metrics,
-                               callbacks=built.callbacks)
-    trainer.train()
+    try:
+        trainer = FederatedTrainer(model=built.model, args=args, train_dataset=built.train_dataset,
+                                   eval_dataset=built.eval_dataset, data_collator=built.data_collator,
+                                   processing_class=built.processing_class, compute_metrics=built.compute_metrics,
+                                   callbacks=built.callbacks)
+    except Exception as err:
+        if args.push_to_hub and _is_network_error(err):
+            raise NetworkError(
+                f"push_to_hub=True could not reach the Hub to create {args.hub_model_id or 'the repository'} "
+                f"({type(err).__name__}); nothing was written. Set --push_to_hub false to train offline "
+                "(save_model writes the card and weights locally) and push later, or check the network.") from err
+        raise
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    except KeyboardInterrupt:
+        command = ["fedhf", "train", "--config", config, *overrides]
+        raise KeyboardInterrupt(f"interrupted; {_resume_hint(args.output_dir, command)}") from None
     trainer.save_model(os.path.join(args.output_dir, "final"))
     last = trainer.federated_history[-1]
     shown = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_generation_accuracy")
@@ -68,10 +159,9 @@ def train(config: str, overrides: List[str]) -> dict:
 def partition(config: str, overrides: List[str]) -> List[str]:
     """Split the recipe's training data over its clients and write the report; loads no model."""
     from .data import partition_dataset, save_partition_report
-    from .recipes import load_recipe, load_splits
+    from .recipes import load_splits
 
-    recipe = load_recipe(config)
-    args = recipe.training_arguments(overrides)
+    recipe, args = _recipe_arguments(config, overrides)
     algorithm = args.built_algorithm()  # built (and checked) with the config, before the data is read
     _, report = partition_dataset(load_splits(recipe.data, args.seed)["train"], args)
     paths = save_partition_report({**report, "algorithm": algorithm.describe()}, args.output_dir)
@@ -80,14 +170,28 @@ def partition(config: str, overrides: List[str]) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     parser = _parser()
-    known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if known.command == "algorithms":
-        if rest:
-            parser.error(f"`fedhf algorithms` takes no arguments, got {rest}")
-        print("\n".join(algorithms_table()))
-    elif known.command == "train":
-        train(known.config, rest)
-    else:
-        partition(known.config, rest)
+    known, rest = parser.parse_known_args(argv)
+    try:
+        if known.command == "algorithms":
+            if rest:
+                parser.error(f"`fedhf algorithms` takes no arguments, got {rest}")
+            print("\n".join(algorithms_table()))
+        elif known.command == "train":
+            train(known.config, rest, known.resume)
+        else:
+            partition(known.config, rest)
+    except KeyboardInterrupt as err:
+        if debug:
+            raise
+        print(f"fedhf: {err or 'interrupted'}", file=sys.stderr)
+        return INTERRUPTED
+    except (ValueError, OSError, argparse.ArgumentError, NetworkError) as err:
+        if debug:
+            raise
+        print(f"fedhf: error: {err}", file=sys.stderr)
+        return 2
     return 0

@@ -85,10 +85,11 @@ class Recipe:
     lora: Optional[Dict[str, Any]] = None
 
     def training_arguments(self, overrides=()) -> FederatedConfig:
-        """The ``train:`` section as a FederatedConfig, with ``--field value`` overrides applied."""
+        """The ``train:`` section as a FederatedConfig, with ``--field value`` overrides applied: exact field names
+        only (no argparse abbreviations), and a bad value raises (argparse.ArgumentError) instead of exiting."""
         from transformers import HfArgumentParser
 
-        parser = HfArgumentParser(FederatedConfig)
+        parser = HfArgumentParser(FederatedConfig, allow_abbrev=False, exit_on_error=False)
         parser.set_defaults(**self.train)
         (args,) = parser.parse_args_into_dataclasses(args=list(overrides))
         return args

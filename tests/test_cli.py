@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 
+import pytest
 import yaml
 from safetensors.torch import load_file
 
-from fedhf.algorithms import get_algorithm, list_algorithms
+from fedhf.algorithms import compose, get_algorithm, list_algorithms
 from fedhf.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -30,15 +32,30 @@ def _tiny_tweets_recipe(tmp_path, rows=200) -> str:
     return str(path)
 
 
-def test_algorithms_lists_every_named_algorithm_with_its_axes(capsys):
+def test_algorithms_lists_every_named_algorithm_with_names_the_config_accepts(capsys):
+    from fedhf.corrections import CORRECTIONS
+    from fedhf.optim import LOCAL_OPTIMIZERS
+    from fedhf.server import SERVER_RULES
+    from fedhf.sync import STATE_SYNCS
+
     assert main(["algorithms"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
-    assert sorted(rows) == list_algorithms() and len(rows) == 28
-    for name, axes in rows.items():
-        algo = get_algorithm(name)
-        assert axes[:4] == [algo.local_optimizer.cls.__name__, algo.state_sync.name, algo.correction.name,
-                            algo.server_rule.name]
-        assert axes[4] == "yes"  # every named algorithm's server halves read sums only (robust rules are not named)
+    assert sorted(rows) == list_algorithms() and len(rows) == len(list_algorithms())
+    for name, (optimizer, sync, correction, rule, secagg) in rows.items():
+        assert (optimizer in LOCAL_OPTIMIZERS and sync in STATE_SYNCS and correction in CORRECTIONS
+                and rule in SERVER_RULES), (name, optimizer, sync, correction, rule)
+        # the four names rebuild the algorithm's axes (its own hyperparameters aside)
+        algo, rebuilt = get_algorithm(name), compose(name, local_optimizer=optimizer, state_sync=sync,
+                                                     correction=correction, server_rule=rule)
+        for axis in ("state_sync", "correction", "server_rule"):
+            assert type(getattr(rebuilt, axis)) is type(getattr(algo, axis)), (name, axis)
+        rules = (rebuilt.server_rule, algo.server_rule)
+        assert [type(r.aggregator) for r in rules] == [type(rules[1].aggregator)] * 2
+        assert [t.name for t in rules[0].transforms] == [t.name for t in rules[1].transforms], name
+        assert rebuilt.local_optimizer.optimizer == algo.local_optimizer.optimizer
+        assert secagg == "yes"  # every named algorithm's server halves read sums only (robust rules are not named)
+    assert rows["fadam_gt"][2] == "gradient_tracking" and rows["scaffold"][:4] == ["sgd", "reset", "control_variate",
+                                                                                 "mean"]
 
 
 def test_python_dash_m_fedhf_runs_the_command():
@@ -110,3 +127,104 @@ def test_command_and_example_give_the_bit_identical_adapter(tmp_path, monkeypatc
         assert cli[name].dtype == example[name].dtype and bool((cli[name] == example[name]).all()), name
     history = [json.loads((tmp_path / d / "federated_history.json").read_text()) for d in ("cli", "example")]
     assert history[0][-1]["eval_accuracy"] == history[1][-1]["eval_accuracy"]
+
+
+def _files(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(pathlib.Path(folder).rglob("*")) if p.is_file()}
+
+
+def _without_timings(history: list) -> list:
+    return [{k: v for k, v in h.items() if not k.endswith(("_runtime", "_per_second"))} for h in history]
+
+
+def test_ctrl_c_names_the_resume_command_which_ends_as_the_uninterrupted_run_and_deletes_nothing(
+        tmp_path, monkeypatch, capsys):
+    """Ctrl-C in round 3 (a KeyboardInterrupt where SIGINT would raise it), then the printed command: checkpoint-1
+    and -2 are untouched although the command says overwrite_output_dir, and the model is the uninterrupted one."""
+    from fedhf import FederatedTrainer
+
+    flags = ["--num_rounds", "3", "--local_steps", "1", "--clients_per_round", "2", "--save_every_rounds", "1",
+             "--eval_every_rounds", "3", "--overwrite_output_dir", "true", *TINY[4:]]
+    assert main(["train", "--config", str(DIGITS), "--output_dir", str(tmp_path / "full"), *flags]) == 0
+    run_round = FederatedTrainer._run_round
+
+    def interrupted_in_round_3(self, run, *args):
+        if run.rounds_done == 2:
+            raise KeyboardInterrupt
+        return run_round(self, run, *args)
+
+    monkeypatch.setattr(FederatedTrainer, "_run_round", interrupted_in_round_3)
+    cut = tmp_path / "cut"
+    capsys.readouterr()
+    assert main(["train", "--config", str(DIGITS), "--output_dir", str(cut), *flags]) == 130
+    message = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' progress bars
+    assert message.startswith("fedhf: interrupted; ") and f"last checkpoint {cut / 'checkpoint-2'}" in message
+    assert f"train(resume_from_checkpoint={str(cut / 'checkpoint-2')!r})" in message
+    monkeypatch.undo()
+    kept = {name: _files(cut / name) for name in ("checkpoint-1", "checkpoint-2")}
+    command = shlex.split(message.split("resume with: ", 1)[1].split("  (Python", 1)[0])
+    assert command[:2] == ["fedhf", "train"] and command[-1] == "--resume"
+    assert main(command[1:]) == 0
+    assert f"resuming from {cut / 'checkpoint-2'} (2/3 rounds done)" in capsys.readouterr().out
+    assert {name: _files(cut / name) for name in kept} == kept
+    resumed, uninterrupted = (load_file(d / "final" / "model.safetensors") for d in (cut, tmp_path / "full"))
+    # BatchNorm's num_batches_tracked counts the resident model's batches (unused: momentum is set), not federated
+    counted = {name for name in resumed if name.endswith("num_batches_tracked")}
+    assert sorted(resumed) == sorted(uninterrupted) and len(resumed) > len(counted)
+    assert all(bool((resumed[n] == uninterrupted[n]).all()) for n in resumed if n not in counted)
+    histories = [json.loads((d / "federated_history.json").read_text()) for d in (tmp_path / "full", cut)]
+    assert _without_timings(histories[0]) == _without_timings(histories[1]) and histories[1][-1]["round"] == 3
+    assert all(h["round_runtime"] > 0 for h in histories[1])  # each round's wall time
+
+
+def test_input_errors_are_one_line_with_the_closest_name_and_no_file_written(tmp_path, capsys):
+    out = tmp_path / "never"
+    cases = {("--num_rouns", "2"): "unknown option --num_rouns. Did you mean --num_rounds?",
+             ("--num_round", "2"): "unknown option --num_round. Did you mean --num_rounds?",  # no abbreviations
+             ("--lr", "0.1"): "Did you mean --learning_rate?",
+             ("--image_size", "16"): "--image_size is a key of the recipe's `data:` section",
+             ("--algorithm", "fedpac_mun"): "Did you mean 'fedpac_muon'?",
+             ("--num_rounds", "two"): "invalid int value: 'two'",
+             ("--resume_from_checkpoint", "true"): "use --resume"}
+    for flags, expected in cases.items():
+        assert main(["partition", "--config", str(DIGITS), "--output_dir", str(out), *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith("fedhf: error: ") and len(err.strip().splitlines()) == 1 and expected in err, err
+    assert main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "does not exist (--config)" in capsys.readouterr().err
+    assert main(["train", "--config", str(DIGITS), "--output_dir", str(out), "--resume"]) == 2
+    assert "holds no complete checkpoint-N" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="Did you mean 'scaffold'"):  # --debug: the exception, with its traceback
+        main(["partition", "--config", str(DIGITS), "--algorithm", "scafold", "--debug"])
+    assert not out.exists()
+
+
+def test_version_and_train_help_list_the_fields_by_group(capsys):
+    from fedhf import __version__
+
+    for argv in (["--version"], ["train", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"fedhf {__version__}\n") and "docs/configuration.md" in out
+    for group, field_name in (("the federation and its algorithm:", "num_rounds"), ("the data split:",
+                              "dirichlet_alpha"), ("privacy:", "dp_epsilon"), ("TrainingArguments", "seed")):
+        assert group in out and f" {field_name}," in out.split(group, 1)[1]
+
+
+def test_push_to_hub_without_a_network_gets_fedhfs_message(tmp_path, monkeypatch, capsys):
+    """A token but no Hub (a closed local port stands for a missing network): one line naming the flag."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_constants, "ENDPOINT", "http://127.0.0.1:9")
+    out = tmp_path / "push"
+    assert main(["train", "--config", str(DIGITS), "--output_dir", str(out), "--push_to_hub", "true",
+                 "--hub_model_id", "someone/fedhf-test", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedhf: error: push_to_hub=True could not reach the Hub") and "--push_to_hub false" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

@@ -5,10 +5,12 @@ names a heading of docs/algorithms.md."""
 from __future__ import annotations
 
 import glob
+import json
 import pathlib
 import re
 
 import pytest
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -151,3 +153,39 @@ def test_the_checks_see_a_broken_link_a_missing_path_and_a_missing_section(tmp_p
     assert "9.9" not in algorithm_sections() and {"0", "2.9d", "4.2", "5.6", "6"} <= algorithm_sections()
     assert outside_references("see DESIGN" + ".md and issue" + " 14, 6c; https://github.com/o/r/issues/3") == \
         ["DESIGN.md", "issue 14"]
+
+
+def python_blocks(text: str) -> list:
+    """The ```python code blocks of a page, in order."""
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def shrunk(code: str, substitutions: dict) -> str:
+    """``code`` with each documented substitution applied (each must be found: the page still says it)."""
+    for old, new in substitutions.items():
+        assert old in code, old
+        code = code.replace(old, new)
+    return code
+
+
+# The README snippet's budget, cut to seconds: fewer rows, clients, rounds and steps (nothing else changes).
+README_SMALL = {"range(8000)": "range(160)", "range(500)": "range(40)", "num_clients=20": "num_clients=4",
+                "clients_per_round=5": "clients_per_round=2", "num_rounds=30": "num_rounds=2",
+                "local_steps=20": "local_steps=2"}
+
+
+def test_the_readme_snippet_runs_as_written_and_two_runs_give_the_same_model(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    section = (ROOT / "README.md").read_text().split("## Use it on your own model and data", 1)[1]
+    code = shrunk(python_blocks(section)[0], README_SMALL)
+    adapters = []
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+        monkeypatch.chdir(tmp_path / run)
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102 -- the page's own code
+        history = json.loads((tmp_path / run / "out" / "federated_history.json").read_text())
+        assert [h["round"] for h in history if "eval_accuracy" in h][-1] == 2
+        adapters.append(load_file(tmp_path / run / "out" / "final" / "adapter_model.safetensors"))
+    assert sorted(adapters[0]) == sorted(adapters[1]) and any("classifier" in n for n in adapters[0])
+    assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])

@@ -1,7 +1,9 @@
-"""Explicit registries: a name maps to one factory, duplicates are refused, unknown names get the list."""
+"""Explicit registries: a name maps to one factory, duplicates are refused, unknown names get the list and the
+closest name (difflib)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable, Dict, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -25,8 +27,10 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         key = name.lower() if isinstance(name, str) else name
         if key not in self._entries:
+            close = difflib.get_close_matches(str(key), self._entries, n=1)
+            guess = f"Did you mean {close[0]!r}? " if close else ""
             raise ValueError(
-                f"Unknown {self.kind} {name!r} in `{self.config_field}`. "
+                f"Unknown {self.kind} {name!r} in `{self.config_field}`. {guess}"
                 f"Choose one of: {', '.join(sorted(self._entries))}."
             )
         return self._entries[key]

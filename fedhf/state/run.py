@@ -9,11 +9,16 @@ holds the best round (fedhf/trainer/best_round.py) and, under fp16, the loss sca
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
+from transformers.utils import logging
+
 from ..core.params import TensorDict
-from .checkpoint import LEGACY_PREFIX, PREFIX, latest_checkpoint
+from .checkpoint import LEGACY_PREFIX, PREFIX, latest_checkpoint, round_folders
+
+logger = logging.get_logger(__name__)
 
 #: Config fields that must match between a checkpoint and the run resuming from it.
 FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
@@ -99,10 +104,20 @@ def resolve_checkpoint(output_dir: str, resume_from_checkpoint: Union[str, bool,
 
 
 def refuse_to_overwrite(output_dir: str, overwrite: bool, history_file: str) -> None:
-    """Nothing a user saved is replaced silently: a new run needs an output_dir without an earlier run."""
-    earlier = os.path.exists(os.path.join(output_dir, history_file)) or latest_checkpoint(output_dir) is not None
-    if earlier and not overwrite:
-        raise ValueError(
-            f"{output_dir} holds an earlier federated run ({history_file} or {PREFIX}N). Resume it with "
-            "`train(resume_from_checkpoint=True)`, choose another `output_dir`, or set `overwrite_output_dir=True` "
-            "to replace it.")
+    """Nothing a user saved is replaced silently: a new run needs an output_dir without an earlier run. With
+    ``overwrite`` the earlier run's checkpoint-N folders are deleted, and said so, before the new run writes its
+    own: left in place, a later resume could pick the earlier run's newest checkpoint and mix the two runs."""
+    checkpoint = latest_checkpoint(output_dir)
+    if not (os.path.exists(os.path.join(output_dir, history_file)) or checkpoint is not None):
+        return
+    if not overwrite:
+        resume = (f"Resume it from {checkpoint} with `train(resume_from_checkpoint=True)` (`fedhf train ... "
+                  "--resume`), choose" if checkpoint else "It wrote no checkpoint to resume from. Choose")
+        raise ValueError(f"{output_dir} holds an earlier federated run ({history_file} or {PREFIX}N). {resume} "
+                         "another `output_dir`, or set `overwrite_output_dir=True` to replace it.")
+    earlier = [name for _, name in round_folders(output_dir)]
+    if earlier:
+        logger.warning("overwrite_output_dir=True: deleting the earlier run's checkpoints in %s (%s) before the new "
+                       "run starts", output_dir, ", ".join(earlier))
+        for name in earlier:
+            shutil.rmtree(os.path.join(output_dir, name))

@@ -30,12 +30,16 @@ class SavedModel:
     """What a saved folder holds, for its card: ``kind`` is 'adapter' (a peft adapter for the base model),
     'merged' (full weights: the base, changed by a rule that folds into it, with the adapter merged) or 'full'
     (full weights of a model trained without peft); ``model_class`` the transformers class to load it with;
-    ``lora`` the adapter's settings (r, alpha, rsLoRA, target modules), if any; ``round`` the round it is from."""
+    ``lora`` the adapter's settings (r, alpha, rsLoRA, target modules), if any; ``round`` the round it is from;
+    ``base`` the base model's Hub id (None: loaded from a local folder) and ``base_kwargs`` what its
+    ``from_pretrained`` needs to match the adapter (a classifier's ``num_labels`` and label names)."""
 
     kind: str
     model_class: str
     lora: Optional[dict] = None
     round: Optional[int] = None
+    base: Optional[str] = None
+    base_kwargs: Optional[dict] = None
 
 
 def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
@@ -51,7 +55,21 @@ def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
         targets = config.target_modules
         lora = {"r": config.r, "alpha": config.lora_alpha, "rslora": bool(config.use_rslora),
                 "targets": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
-    return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index)
+    return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index,
+                      hub_base_model(model), _head_kwargs(model.get_base_model()))
+
+
+def _head_kwargs(model) -> dict:
+    """A classifier's head size (and its label names when they are not transformers' LABEL_i defaults): without
+    them ``from_pretrained`` builds a 2-label head that the adapter's saved head does not fit."""
+    config = model.config
+    if "Classification" not in type(model).__name__ or not getattr(config, "id2label", None):
+        return {}
+    labels = {int(i): name for i, name in config.id2label.items()}
+    kwargs = {"num_labels": len(labels)}
+    if any(name != f"LABEL_{i}" for i, name in labels.items()):
+        kwargs["id2label"] = labels
+    return kwargs
 
 
 def _megabytes(value: float) -> str:
@@ -136,8 +154,10 @@ def _how_to_load(saved: SavedModel) -> str:
     if saved.kind == "adapter":
         what = ("This folder is a **peft LoRA adapter**; load it onto its base model:\n\n```python\n"
                 f"from peft import PeftModel\nfrom transformers import {saved.model_class}\n\n"
-                f"base = {saved.model_class}.from_pretrained(BASE_MODEL)\n"
-                "model = PeftModel.from_pretrained(base, PATH_OR_REPO_ID)\n```\n")
+                f"{_base_line(saved)}"
+                f"base = {saved.model_class}.from_pretrained({_arguments(saved)})\n"
+                "model = PeftModel.from_pretrained(base, PATH_OR_REPO_ID)  # this folder, or its Hub repository\n"
+                "```\n")
     else:
         kind = ("the **full model**: the base weights as the server rule changed them, with the final LoRA adapter "
                 "merged in (W + s B A, peft's `merge_and_unload`); it is not an adapter, and it needs no base model"
@@ -145,6 +165,17 @@ def _how_to_load(saved: SavedModel) -> str:
         what = (f"This folder holds {kind}:\n\n```python\nfrom transformers import {saved.model_class}\n\n"
                 f"model = {saved.model_class}.from_pretrained(PATH_OR_REPO_ID)\n```\n")
     return "\n### What the upload contains\n\n" + what
+
+
+def _base_line(saved: SavedModel) -> str:
+    if saved.base:
+        return ""
+    return 'BASE_MODEL = "..."  # the base model was loaded from a local folder: its path or Hub id\n'
+
+
+def _arguments(saved: SavedModel) -> str:
+    base = repr(saved.base) if saved.base else "BASE_MODEL"
+    return ", ".join([base] + [f"{k}={v!r}" for k, v in (saved.base_kwargs or {}).items()])
 
 
 def _version() -> str:

@@ -15,6 +15,7 @@ from .outputs import Checkpoints, EvalOnStart, History, HistoryPlot, HubPush, Pa
 from .personal_eval import PersonalEvaluation
 from .privacy import Privacy
 from .round_metrics import DriftMetrics
+from .round_timer import RoundTimer
 
 
 def round_hooks(trainer) -> List[RoundHook]:
@@ -22,6 +23,7 @@ def round_hooks(trainer) -> List[RoundHook]:
     args = trainer.args
     return [
         PartitionReport(),  # partition_report: the clients' split, written once
+        RoundTimer(),  # round_runtime in the history; one warning when an oversubscribed CPU slows rounds
         NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
         EvalOnStart(),  # eval_on_start: round 0's evaluation
         DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i

@@ -208,14 +208,21 @@ def test_robust_server_rules_resist_a_poisoning_client_end_to_end(digits, tmp_pa
 
 
 def test_an_earlier_run_is_not_overwritten_silently(digits, tmp_path):
-    args = config(tmp_path, num_rounds=1, local_steps=1)
+    args = config(tmp_path, num_rounds=2, local_steps=1, save_every_rounds=1)
     digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
     history = (tmp_path / "run" / "federated_history.json").read_text()
-    with pytest.raises(ValueError, match="earlier federated run.*resume_from_checkpoint=True.*overwrite_output_dir"):
+    with pytest.raises(ValueError, match="earlier federated run.*checkpoint-2.*resume_from_checkpoint=True.*--resume"
+                                         ".*overwrite_output_dir"):
         digit_trainer(tiny_resnet(), digits, args, evaluate=False).train()
     assert (tmp_path / "run" / "federated_history.json").read_text() == history
+    assert sorted(os.listdir(tmp_path / "run")).count("checkpoint-2") == 1
+    # overwriting replaces the earlier run's checkpoints too, so a later resume cannot pick its checkpoint-2
     again = config(tmp_path, num_rounds=1, local_steps=1, overwrite_output_dir=True)
     digit_trainer(tiny_resnet(), digits, again, evaluate=False).train()
+    assert not [name for name in os.listdir(tmp_path / "run") if name.startswith("checkpoint-")]
+    # an earlier run with no checkpoint is not offered a resume
+    with pytest.raises(ValueError, match="It wrote no checkpoint to resume from. Choose another `output_dir`"):
+        digit_trainer(tiny_resnet(), digits, config(tmp_path, num_rounds=1, local_steps=1), evaluate=False).train()
 
 
 class _StopAfterRound1(TrainerCallback):

@@ -7,8 +7,9 @@ import huggingface_hub
 import pytest
 import torch
 import yaml
+from transformers import DataCollatorWithPadding
 
-from fedhf import FederatedConfig
+from fedhf import FederatedConfig, FederatedTrainer
 from fedhf.data import bundled_gemma
 from fedhf.trainer.hub import base_model_license, hub_base_model
 
@@ -208,3 +209,56 @@ def test_a_model_from_the_bundled_gemma_publishes_the_hub_id_its_quantisation_an
     assert _front_matter(card)["base_model"] == bundled_gemma.BASE_MODEL and folder not in card
     assert "Q4_K_M de-quantisation" in card and "Gemma Terms of Use found at ai.google.dev/gemma/terms" in card
     assert (out / "NOTICE").read_text().startswith("Gemma is provided under and subject to the Gemma Terms of Use")
+
+
+def load_code(card: str, base: str, folder) -> str:
+    """The card's "how to load" code block, its two placeholders filled as a user would."""
+    code = card.split("### What the upload contains", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    return code.replace('BASE_MODEL = "..."', f"BASE_MODEL = {base!r}").replace("PATH_OR_REPO_ID", repr(str(folder)))
+
+
+def _run(code: str):
+    scope = {}
+    exec(compile(code, "card", "exec"), scope)  # noqa: S102 -- the card's own snippet, the test's subject
+    return scope["model"].eval()
+
+
+@pytest.mark.parametrize("task", ["classifier", "causal_lm"])
+def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tmp_path, task):
+    """The snippet a user copies from the card gives back the saved model (same outputs), with the classifier's
+    num_labels; the base's Hub id replaces the BASE_MODEL placeholder where it is known."""
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from fedhf.data.sft import SFTCollator
+
+    from tests.helpers import tiny_llama_dir, tweet_sft
+
+    args = config(tmp_path, num_rounds=1, local_steps=1, clients_per_round=2)
+    if task == "classifier":
+        base, model = minilm, lora_minilm(minilm)
+        trainer = tweet_trainer(model, tweets, tokenizer, args, evaluate=False)
+        batch = DataCollatorWithPadding(tokenizer)([tweets["test"][i] for i in range(4)])
+        batch = {k: v for k, v in batch.items() if k != "labels"}
+    else:
+        base = tiny_llama_dir(str(tmp_path / "tiny_llama"), tokenizer)
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM))
+        data = tweet_sft(tokenizer, n_train=64, n_test=4)
+        trainer = FederatedTrainer(model=model, args=args, train_dataset=data["train"],
+                                   data_collator=SFTCollator(tokenizer))
+        batch = {"input_ids": torch.tensor([data["test"][0]["input_ids"]])}
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    card = (tmp_path / "final" / "README.md").read_text()
+    if task == "classifier":
+        assert "from_pretrained(BASE_MODEL, num_labels=3)" in card
+    assert 'BASE_MODEL = "..."' in card  # loaded from a local folder: never published, so the user names it
+    loaded = _run(load_code(card, base, tmp_path / "final"))
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, model.eval()(**batch).logits)
+    # a Hub base is named in the code itself: the same snippet, no placeholder
+    model.peft_config["default"].base_model_name_or_path = HUB_ID
+    trainer.save_model(str(tmp_path / "named"))
+    named = (tmp_path / "named" / "README.md").read_text()
+    assert "BASE_MODEL" not in named and f"from_pretrained('{HUB_ID}'" in named
