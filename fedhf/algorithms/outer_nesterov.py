@@ -1,5 +1,5 @@
 """DiLoCo and MuLoCo: local adaptive steps, state reset every round, no correction, and an outer Nesterov SGD step on
-the mean client change (:class:`fedhf.server.ServerMomentum` with ``nesterov=True``; docs/algorithms.md 2.15).
+the mean client change (:class:`fedhf.server.ServerMomentum` with ``nesterov=True``; docs/algorithms.md 2.16).
 
 Both come from data-centre pre-training, where the "clients" are workers on shards of one corpus; here they run on
 fedhf's non-IID clients unchanged. "Sends" as in second_order.py: Delta up, x down (1 | 1); the outer momentum

@@ -2,7 +2,7 @@
 Nesterov form, DiLoCo's outer optimizer (Douillard et al., 2023, "DiLoCo: Distributed Low-Communication Training of
 Language Models").
 
-Heavy ball: v <- beta v + D ; x^{r+1} = x^r + eta_g v, with v^0 = 0 (docs/algorithms.md 2.2).
+Heavy ball: v <- beta v + D ; x^{r+1} = x^r + eta_g v, with v^0 = 0 (docs/algorithms.md 2.2, 2.16).
 Nesterov:   v <- beta v + D ; x^{r+1} = x^r + eta_g (D + beta v), the look-ahead form of ``torch.optim.SGD(nesterov=
 True)`` with D the negated outer gradient (DiLoCo's pseudo-gradient is x^r - mean_i x_i = -D).
 Momentum helps when client updates are noisy and partial participation makes consecutive rounds disagree. D is
