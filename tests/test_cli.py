@@ -33,7 +33,7 @@ def _tiny_tweets_recipe(tmp_path, rows=200) -> str:
 def test_algorithms_lists_every_named_algorithm_with_its_axes(capsys):
     assert main(["algorithms"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
-    assert sorted(rows) == list_algorithms() and len(rows) == 28
+    assert sorted(rows) == list_algorithms() and len(rows) == 30
     for name, axes in rows.items():
         algo = get_algorithm(name)
         assert axes[:4] == [algo.local_optimizer.cls.__name__, algo.state_sync.name, algo.correction.name,
