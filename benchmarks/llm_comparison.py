@@ -86,16 +86,20 @@ def chosen_label(name: str, runs_dir: str = RUNS_DIR):
     return max(records, key=lambda label: validation_score(records[label]))
 
 
-def plan(phase: str, algorithms) -> list:
-    """(label, seed) of the runs of ``phase`` ("all": defaults, then brackets, then seeds) in order."""
-    runs = []
+def plan(phase: str, algorithms, runs_dir: str = RUNS_DIR):
+    """(label, seed) of the runs of ``phase`` ("all": defaults, then brackets, then seeds), in order. A generator:
+    an algorithm's seeds are resolved when they are reached, after its bracket ran (one unfinished is skipped)."""
     if phase in ("all", "defaults"):
-        runs += [(name, 0) for name in algorithms]
+        yield from ((name, 0) for name in algorithms)
     if phase in ("all", "brackets"):
-        runs += [(label, 0) for name in algorithms for label in bracket(name).values() if label != name]
+        yield from ((label, 0) for name in algorithms for label in bracket(name).values() if label != name)
     if phase in ("all", "seeds"):
-        runs += [("seeds-of", name) for name in algorithms]  # resolved once the bracket is done
-    return runs
+        for name in algorithms:
+            chosen = chosen_label(name, runs_dir)
+            if chosen is None:
+                print(f"{name}: bracket unfinished, its seeds wait", flush=True)
+                continue
+            yield from ((chosen, seed) for seed in SEEDS)  # seed 0 at the chosen lr is a bracket run already
 
 
 # ---------------------------------------------------------------- data and model
@@ -188,33 +192,24 @@ def main(argv=None) -> None:
     from fedhf.metrics import write_json_atomic
 
     data, failures = None, []
-    for label, seed in plan(opts.phase, opts.algorithms):
-        if label == "seeds-of":
-            chosen = chosen_label(seed, opts.runs_dir)
-            if chosen is None:
-                print(f"{seed}: bracket unfinished, seeds 1-2 wait", flush=True)
+    for label, seed in plan(opts.phase, opts.algorithms, opts.runs_dir):
+        settings = run_settings(label, seed)
+        path = run_path(settings, opts.runs_dir)
+        record, status = cached(path, settings), "cached"
+        if record is None:
+            data = data or load_data(TASK)
+            try:
+                record, status = run_one(settings, data), "ran"
+            except Exception:
+                failures.append(f"{label} seed {seed}:\n{traceback.format_exc()}")
+                print(failures[-1], file=sys.stderr, flush=True)
                 continue
-            todo = [(chosen, s) for s in SEEDS]  # seed 0 at the chosen lr is a bracket run already
-        else:
-            todo = [(label, seed)]
-        for run_label, run_seed in todo:
-            settings = run_settings(run_label, run_seed)
-            path = run_path(settings, opts.runs_dir)
-            record, status = cached(path, settings), "cached"
-            if record is None:
-                data = data or load_data(TASK)
-                try:
-                    record, status = run_one(settings, data), "ran"
-                except Exception:
-                    failures.append(f"{run_label} seed {run_seed}:\n{traceback.format_exc()}")
-                    print(failures[-1], file=sys.stderr, flush=True)
-                    continue
-                write_json_atomic(record, path)
-            final = record["history"][-1]
-            print(f"{run_label:32s} seed {run_seed}: test acc {final.get('eval_generation_accuracy', float('nan')):.3f}"
-                  f" loss {final.get('eval_loss', float('nan')):.3f} | val acc "
-                  f"{record['validation']['eval_generation_accuracy']:.3f} loss {record['validation']['eval_loss']:.3f}"
-                  f" | {final['uplink_MB']:.1f} MB up, {record['wall_s']:.0f} s ({status})", flush=True)
+            write_json_atomic(record, path)
+        final, validation = record["history"][-1], record["validation"]
+        print(f"{label:32s} seed {seed}: test acc {final.get('eval_generation_accuracy', float('nan')):.3f} loss "
+              f"{final.get('eval_loss', float('nan')):.3f} | val acc {validation['eval_generation_accuracy']:.3f} "
+              f"loss {validation['eval_loss']:.3f} | {final['uplink_MB']:.1f} MB up, {record['wall_s']:.0f} s "
+              f"({status})", flush=True)
     if failures:
         print(f"{len(failures)} run(s) failed; see the tracebacks above.", file=sys.stderr)
         sys.exit(1)
