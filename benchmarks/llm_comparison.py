@@ -36,8 +36,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+# this checkout's fedhf, benchmark helpers and example, whatever fedhf is installed
+sys.path[:0] = [HERE, os.path.join(HERE, ".."), os.path.join(HERE, "..", "examples")]
 from algorithm_runs import HISTORY_KEYS, cached, code_version, parse_variant  # noqa: E402
 from lr_tuning import grid_labels  # noqa: E402
 

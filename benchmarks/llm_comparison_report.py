@@ -83,7 +83,9 @@ def markdown(rows: dict, majority: float) -> str:
         f"greedy answer) on {t['generation_rows']} other rows (majority answer {majority:.2f}), every "
         f"{t['eval_every_rounds']} rounds. lr chosen from x1/3, x1, x3 of each algorithm's default by the final "
         f"generation accuracy on {t['validation_rows']} training-split rows no client holds (seed 0); seeds "
-        f"{', '.join(map(str, SEEDS))} at the chosen lr. Rebuild: `python benchmarks/llm_comparison.py` (resumable), "
+        f"{', '.join(map(str, SEEDS))} at the chosen lr. The lr is the local optimizer's (for the Muon algorithms its "
+        "AdamW lr; Muon's is 100x it); server settings stay at their defaults (DiLoCo outer lr 0.7, momentum 0.9; "
+        "MuLoCo 0.9, 0.8). Rebuild: `python benchmarks/llm_comparison.py` (resumable), "
         "then `python benchmarks/llm_comparison_report.py`.", "",
         "## After the last round (test rows)", "",
         "| algorithm | lr | accuracy, mean +- std | eval loss, mean +- std | "
