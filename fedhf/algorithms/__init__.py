@@ -6,6 +6,6 @@ schedule over rounds; ``FederatedConfig.learning_rate`` overrides it.
 """
 
 from .compose import ALGORITHMS, Algorithm, compose, get_algorithm, list_algorithms
-from . import first_order, second_order  # noqa: F401,E402  (they register their algorithms)
+from . import first_order, outer_nesterov, second_order  # noqa: F401,E402  (they register their algorithms)
 
 __all__ = ["ALGORITHMS", "Algorithm", "compose", "get_algorithm", "list_algorithms"]

@@ -84,7 +84,13 @@ EXPECTED = {
     "local_soap": (SOAP, NONE, RESET, MEAN),
     "local_sophia": (SOPHIA, NONE, RESET, MEAN),
     "fedavgm": (sgd(0.1, 1e-4), NONE, RESET,
-                (("Mean", {}), [("ServerMomentum", {"lr": 1.0, "beta": 0.9})])),  # 2.2 FedPM Table 4
+                (("Mean", {}), [("ServerMomentum", {"lr": 1.0, "beta": 0.9, "nesterov": False})])),  # 2.2 FedPM Table 4
+    "diloco": ({"optimizer": "AdamW", "lr": 4e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1,
+                "amsgrad": False}, NONE, RESET,  # 2.16: outer Nesterov SGD, lr 0.7, momentum 0.9
+               (("Mean", {}), [("ServerMomentum", {"lr": 0.7, "beta": 0.9, "nesterov": True})])),
+    "muloco": ({**muon(0.95), "muon.lr": 0.044, "muon.weight_decay": 0.00125, "aux.lr": 4.4e-4,
+                "aux.weight_decay": 0.00125}, NONE, RESET,  # 2.16: as reported, partly unverified
+               (("Mean", {}), [("ServerMomentum", {"lr": 0.9, "beta": 0.8, "nesterov": True})])),
     "fedprox": (sgd(0.3, 1e-3), ("Proximal", {"mu": 1e-3}), RESET, MEAN),  # 2.3 FedPM Table 4: lr 0.3, mu 1e-3
     "scaffold": (sgd(0.1, 1e-3), ("ControlVariate", {}), RESET, MEAN),  # 2.4 FedPAC Table 8
     "fedcm": (sgd(0.1, 1e-3), ("GlobalMix", {"beta": 0.9, "position": "before"}), RESET, MEAN),  # 2.5

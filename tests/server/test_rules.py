@@ -66,6 +66,40 @@ def test_momentum_matches_hand_computation():
     assert _run(ServerMomentum(lr=0.7, beta=0.9)) == pytest.approx(expected, rel=1e-12)
 
 
+def _nesterov_by_hand(lr, beta):
+    """torch.optim.SGD(nesterov=True) on the pseudo-gradient g = -D: buf = b buf + g; x -= lr (g + b buf)."""
+    expected = []
+    for j, x in enumerate(X0):
+        buf = 0.0
+        for d in DELTAS:
+            g = -d[j]
+            buf = beta * buf + g
+            x = x - lr * (g + beta * buf)
+        expected.append(x)
+    return expected
+
+
+def test_nesterov_momentum_matches_hand_computation_over_three_rounds():
+    got = _run(ServerMomentum(lr=0.7, beta=0.9, nesterov=True))
+    assert got == pytest.approx(_nesterov_by_hand(0.7, 0.9), rel=1e-12)
+    assert got != pytest.approx(_run(ServerMomentum(lr=0.7, beta=0.9)), rel=1e-6)  # not the heavy ball
+
+
+def test_nesterov_matches_torch_sgd_on_the_outer_gradient():
+    """The same three rounds stepped by torch.optim.SGD(nesterov=True) on the pseudo-gradient -D."""
+    x = torch.tensor(X0, dtype=torch.float64, requires_grad=True)
+    sgd = torch.optim.SGD([x], lr=0.9, momentum=0.8, nesterov=True)
+    for d in DELTAS:
+        x.grad = -torch.tensor(d, dtype=torch.float64)
+        sgd.step()
+    assert _run(ServerMomentum(lr=0.9, beta=0.8, nesterov=True)) == pytest.approx(x.tolist(), rel=1e-12)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_zero_is_the_plain_server_lr_step(nesterov):
+    assert _run(ServerMomentum(lr=0.7, beta=0.0, nesterov=nesterov)) == pytest.approx(_run(Step(lr=0.7)), rel=1e-12)
+
+
 def test_mean_rule_is_server_lr_times_mean_delta():
     expected = [x + 2.0 * sum(d[j] for d in DELTAS) for j, x in enumerate(X0)]
     assert _run(Step(lr=2.0)) == pytest.approx(expected, rel=1e-12)  # the mean aggregator's D, times eta_g
@@ -76,6 +110,8 @@ def test_bad_server_kwargs_are_refused():
         AdaptiveServer("adam", tau=0)
     with pytest.raises(ValueError, match="beta"):
         ServerMomentum(beta=1.5)
+    with pytest.raises(ValueError, match="nesterov"):
+        ServerMomentum(nesterov="yes")
 
 
 def test_median_then_momentum_matches_hand_computation():
