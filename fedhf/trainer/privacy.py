@@ -29,7 +29,7 @@ import torch
 
 from ..core.message import Message
 from ..core.params import TensorDict
-from ..core.schedule import round_clients, stream_seed
+from ..core.schedule import stream_seed
 from ..privacy import adaptive_clip_update, clip_jointly
 from ..privacy.secagg import masked_bytes
 from .hooks import ClientMessages, RoundHook
@@ -89,9 +89,7 @@ class Privacy(RoundHook):
 
     # ---------------------------------------------------------------- the client side
     def before_round(self, trainer, run) -> None:
-        args = self.args
-        self.cohort = round_clients(args.seed, run.rounds_done, args.num_clients, args.clients_per_round,
-                                    args.client_sampling)
+        self.cohort = list(run.cohort)  # the round's clients after selection (the secure sum's partners)
         self.round_clip = self.clip_norm
 
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import List
 
+from .clock import VirtualClock
 from .compression import Compression
 from .guards import ExclusionStop
 from .hooks import RoundHook
@@ -18,13 +19,16 @@ from .round_metrics import DriftMetrics
 
 
 def round_hooks(trainer) -> List[RoundHook]:
-    """The run's round features, in the order their events run. A hook whose setting is off does nothing."""
+    """The run's round features, in the order their events run. A hook whose setting is off does nothing. The
+    user's hooks (``FederatedTrainer(round_hooks=...)``) come after the diagnostics, before the message transforms."""
     args = trainer.args
     return [
+        VirtualClock(trainer),  # clock_profile: which sampled clients a round keeps, and its simulated seconds
         PartitionReport(),  # partition_report: the clients' split, written once
         NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
         EvalOnStart(),  # eval_on_start: round 0's evaluation
         DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i
+        *trainer.user_round_hooks,  # FederatedTrainer(round_hooks=[...]): what a user adds
         # uplink/downlink compression with error feedback; before any hook that must see what is summed (privacy)
         Compression(args.uplink_compression, args.downlink_compression, args.error_feedback),
         ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded

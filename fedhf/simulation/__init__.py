@@ -1,0 +1,9 @@
+"""Simulated time: what each client's round costs (device profiles) and which clients a round keeps (round
+policies). Pure functions of (seed, round, client) and the profiles; the round hook that applies them to a run is
+fedhf/trainer/clock.py."""
+
+from .policy import RoundTiming, available_clients, client_seconds, deadline_round, wait_for_all
+from .profile import ClientProfile, csv_profiles, lognormal_profiles
+
+__all__ = ["ClientProfile", "RoundTiming", "available_clients", "client_seconds", "csv_profiles", "deadline_round",
+           "lognormal_profiles", "wait_for_all"]
