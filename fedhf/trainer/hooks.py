@@ -9,7 +9,8 @@ meets them:
 
 * ``on_train_begin(trainer, run)``: once, after the global model (fresh or resumed) is in the resident model.
 * ``select_clients(trainer, run, clients) -> clients``: the round's sampled clients, before anything else of the
-  round; a hook returns the clients that take part (the simulated clock drops offline and late clients here). Each
+  round; a hook returns the clients that take part (the simulated clock drops offline and late clients here, and
+  its deadline policy over-selects: it may answer clients it was not given). Each
   hook gets the previous one's answer; ``run.cohort`` then holds the result for the rest of the round.
 * ``before_round(trainer, run)``: before this process's clients train.
 * ``broadcast_bytes(trainer, run, dense) -> bytes``: what the broadcast to one client costs, given its dense size
