@@ -3,12 +3,13 @@ The round hook that applies them is fedhf/trainer/clock.py; the profiles and rou
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 PROFILES = ("uniform", "lognormal")  # or the path of a CSV trace
-ROUND_POLICIES = ("wait_all", "deadline")
+ROUND_POLICIES = ("wait_all", "deadline", "fedbuff")
 
 
 @dataclass
@@ -23,10 +24,12 @@ class ClockSettings:
         clock_uplink_mbps, clock_downlink_mbps (`float`, defaults to `5.0`, `20.0`): the median client's links.
         clock_spread (`float`, defaults to `1.0`): the log-normal profile's sigma.
         clock_availability (`float`, defaults to `1.0`): the probability that a client is online in a round.
-        round_policy (`str`, defaults to `"wait_all"`): wait for every client, or a deadline with over-selection.
+        round_policy (`str`, defaults to `"wait_all"`): wait for every client, a deadline with over-selection, or
+            buffered asynchronous aggregation (fedbuff).
         round_deadline_s (`float`, *optional*): the deadline policy's reporting deadline in simulated seconds.
         over_selection (`float`, defaults to `0.0`): the deadline policy samples (1 + this) x clients_per_round.
         clock_budget_s (`float`, *optional*): stop after the round that reaches this many simulated seconds.
+        async_concurrency (`int`, *optional*): fedbuff's clients training at once; default 2 x clients_per_round.
     """
 
     clock_profile: Optional[str] = field(
@@ -49,24 +52,43 @@ class ClockSettings:
         default="wait_all",
         metadata={"help": "'wait_all': the round waits for every sampled, online client (its slowest sets its "
                           "length). 'deadline': over-select, keep the first clients_per_round that report within "
-                          "round_deadline_s and drop the rest (their work is wasted)."})
+                          "round_deadline_s and drop the rest (their work is wasted). 'fedbuff': buffered "
+                          "asynchronous aggregation (Nguyen et al. 2022): async_concurrency clients always training, "
+                          "the server updating after every clients_per_round reports, stale changes weighted by "
+                          "1/sqrt(1 + staleness)."})
     round_deadline_s: Optional[float] = field(default=None, metadata={"help": "The deadline policy's reporting "
                                                                               "deadline, in simulated seconds."})
     over_selection: float = field(default=0.0, metadata={"help": "The deadline policy samples ceil((1 + this) x "
                                                                  "clients_per_round) clients, e.g. 0.3."})
     clock_budget_s: Optional[float] = field(default=None, metadata={"help": "Stop after the round at which the "
                                                                             "simulated time reaches this budget."})
+    async_concurrency: Optional[int] = field(default=None, metadata={"help": "fedbuff: how many clients train at "
+                                                                             "once; default 2 x clients_per_round."})
 
 
 def clock_on(args) -> bool:
     return args.clock_profile is not None
 
 
+def sampled_per_round(args) -> int:
+    """How many clients the loop samples: clients_per_round, over-selected under the deadline policy."""
+    if clock_on(args) and args.round_policy == "deadline" and args.over_selection > 0:
+        return min(args.num_clients, math.ceil((1 + args.over_selection) * args.clients_per_round))
+    return args.clients_per_round
+
+
+def concurrency(args) -> int:
+    """fedbuff's clients training at once."""
+    default = 2 * args.clients_per_round
+    return min(args.num_clients, args.async_concurrency if args.async_concurrency is not None else default)
+
+
 def check_clock_fields(args) -> None:
     """Each clock field's value, and the combinations that cannot work, with the fix named."""
     on, profile = clock_on(args), args.clock_profile
-    drops = on and (args.round_policy == "deadline" or args.clock_availability < 1
+    drops = on and (args.round_policy != "wait_all" or args.clock_availability < 1
                     or (profile not in PROFILES and profile is not None))
+    buffered = on and args.round_policy == "fedbuff"
     checks = [
         (on or (args.round_policy == "wait_all" and args.round_deadline_s is None and args.over_selection == 0
                 and args.clock_budget_s is None and args.clock_availability == 1),
@@ -85,6 +107,18 @@ def check_clock_fields(args) -> None:
         (args.over_selection == 0 or args.round_policy == "deadline",
          "`over_selection` only applies to round_policy='deadline' (wait_all keeps every sampled client)"),
         (args.clock_budget_s is None or args.clock_budget_s > 0, "`clock_budget_s` must be > 0"),
+        (args.async_concurrency is None or (buffered and args.async_concurrency >= args.clients_per_round),
+         "`async_concurrency` applies to round_policy='fedbuff' and must be >= clients_per_round (the reports the "
+         "server waits for)"),
+        (not (args.over_selection > 0 and args.dp_mode != "off"),
+         "`over_selection` samples more clients than clients_per_round, but the DP accountant's sampling rate is "
+         "clients_per_round / num_clients: set over_selection=0 under dp_mode"),
+        (not (buffered and (args.dp_mode != "off" or args.secure_aggregation)),
+         "round_policy='fedbuff' sums reports that started from different global models; the DP accountant and the "
+         "secure aggregation's cohort assume one synchronous round: use round_policy='wait_all' or 'deadline'"),
+        (not (buffered and args.downlink_compression != "none"),
+         "round_policy='fedbuff' sends each client the model of its own moment, but a compressed downlink assumes "
+         "every client holds the server's last broadcast: set downlink_compression='none'"),
         # Dropping clients independently of their data only thins Poisson sampling (each client's inclusion
         # probability stays <= q, so the accountant's q is conservative); fixed-size sampling's replace-one analysis
         # and distributed noise shares assume the whole cohort reports.

@@ -51,6 +51,7 @@ from ..state.run import RunState, refuse_to_overwrite, resolve_checkpoint
 from .best_round import BestRound
 from .client_data import ClientData, check_partitions
 from .combinations import check_combinations
+from .clock_settings import sampled_per_round
 from .config import FederatedConfig
 from .hooks import HookList, RoundHook
 from .labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
@@ -262,7 +263,7 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
         args, algo, r = self.args, self.algorithm, run.rounds_done
         # 1. the round's learning rate, clients and sharing (RoLoRA's frozen factor); the hooks' round begins
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
-        clients = round_clients(args.seed, r, args.num_clients, args.clients_per_round, args.client_sampling)
+        clients = round_clients(args.seed, r, args.num_clients, sampled_per_round(args), args.client_sampling)
         run.cohort = clients = self.hooks.select_clients(self, run, clients)  # e.g. the clock's offline and late
         self.plan.begin_round(r)
         self.hooks.before_round(self, run)

@@ -9,8 +9,8 @@ meets them:
 
 * ``on_train_begin(trainer, run)``: once, after the global model (fresh or resumed) is in the resident model.
 * ``select_clients(trainer, run, clients) -> clients``: the round's sampled clients, before anything else of the
-  round; a hook returns the clients that take part (the simulated clock drops offline and late clients here, and
-  its deadline policy over-selects: it may answer clients it was not given). Each
+  round; a hook returns the clients that take part (the simulated clock drops offline and late clients here; under
+  FedBuff it answers its own dispatch instead). Each
   hook gets the previous one's answer; ``run.cohort`` then holds the result for the rest of the round.
 * ``before_round(trainer, run)``: before this process's clients train.
 * ``broadcast_bytes(trainer, run, dense) -> bytes``: what the broadcast to one client costs, given its dense size
@@ -34,7 +34,7 @@ it back, before ``on_train_begin``, with ``restore_state(trainer, run, meta, gro
 
 A new round feature is a file with its hook plus its line in ``round_hooks`` (fedhf/trainer/round_features.py).
 A user's own hooks are passed as ``FederatedTrainer(round_hooks=[...])`` (docs/round_hooks.md): they run after the
-built-in diagnostics and before the message transforms (compression, privacy), so a clip bounds what a user hook
+built-in diagnostics and before the message transforms (compression, privacy, the clock), so a clip bounds what a user hook
 sends and the history records what a user hook adds to a round's log.
 """
 

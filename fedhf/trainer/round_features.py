@@ -23,7 +23,6 @@ def round_hooks(trainer) -> List[RoundHook]:
     user's hooks (``FederatedTrainer(round_hooks=...)``) come after the diagnostics, before the message transforms."""
     args = trainer.args
     return [
-        VirtualClock(trainer),  # clock_profile: which sampled clients a round keeps, and its simulated seconds
         PartitionReport(),  # partition_report: the clients' split, written once
         NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
         EvalOnStart(),  # eval_on_start: round 0's evaluation
@@ -35,6 +34,9 @@ def round_hooks(trainer) -> List[RoundHook]:
         # client-level DP and secure aggregation: after every hook that changes messages (its clip bounds exactly
         # what is summed), before History (its dp_epsilon goes into the round's entry)
         Privacy(trainer),
+        # clock_profile: which clients a round uses and its simulated seconds; under fedbuff it holds each client's
+        # messages until it reports, so it comes after every hook that changes messages
+        VirtualClock(trainer),
         trainer.best_round,  # the best evaluated round (load_best_model_at_end); checkpointed with the run
         PersonalEvaluation(),  # personalized_eval: each client's own model on its held-out rows
         History(),  # the history file, one entry per round

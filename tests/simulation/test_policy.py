@@ -74,3 +74,13 @@ def test_a_csv_trace_gives_each_client_its_row_and_refuses_gaps(tmp_path):
     trace.write_text("client_id,tokens_per_s,uplink_mbps,downlink_mbps\n0,-1,1,1\n")
     with pytest.raises(ValueError, match="line 2: speeds must be positive"):
         csv_profiles(str(trace), 1)
+
+
+def test_staleness_weights_arrivals_and_refills_as_fedbuff_says():
+    from fedhf.simulation import InFlight, next_arrivals, refill, staleness_weight
+
+    assert staleness_weight(0) == 1.0 and staleness_weight(3) == 0.5
+    flights = [InFlight(4, 0, 9.0), InFlight(1, 0, 2.0), InFlight(7, 1, 2.0), InFlight(2, 1, 5.0)]
+    assert [f.client for f in next_arrivals(flights, 3)] == [1, 7, 2]  # ties: the earlier dispatched
+    assert refill([3, 4, 1, 0, 6], busy=[4, 1], free_slots=2) == [3, 0]
+    assert refill([3], busy=[], free_slots=0) == []

@@ -98,9 +98,72 @@ def test_a_resumed_run_continues_the_same_clock_and_the_budget_stops_it(digits, 
     (dict(clock_profile="lognormal", round_policy="deadline"), "round_deadline_s"),
     (dict(clock_profile="lognormal", over_selection=0.3), "only applies to round_policy='deadline'"),
     (dict(clock_profile="nowhere.csv"), "one of .* or the path of a CSV trace"),
+    (dict(clock_profile="uniform", async_concurrency=4), "applies to round_policy='fedbuff'"),
+    (dict(clock_profile="uniform", round_policy="fedbuff", dp_mode="central", dp_clip_norm=1.0,
+          dp_noise_multiplier=1.0, client_sampling="poisson"), "one synchronous round"),
     (dict(clock_profile="uniform", clock_availability=0.5, dp_mode="central", dp_clip_norm=1.0,
           dp_noise_multiplier=1.0), "client_sampling='poisson'"),
 ])
 def test_clock_settings_that_cannot_work_are_refused_with_the_fix(tmp_path, settings, message):
     with pytest.raises(ValueError, match=message):
         FederatedConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_clients=4, **settings)
+
+
+class _Forced(RoundHook):
+    """Takes the given clients in each round (a user's selection)."""
+
+    def __init__(self, cohorts) -> None:
+        self.cohorts = cohorts
+
+    def select_clients(self, trainer, run, clients):
+        return list(self.cohorts[run.rounds_done])
+
+
+def test_fedbuff_with_one_speed_and_no_spare_clients_is_fedavg_over_its_dispatches(digits, tmp_path):
+    seen = _Cohorts()
+    buffered, buffered_model = _run(digits, tmp_path, "fedbuff", hooks=[seen], clock_profile="uniform",
+                                    round_policy="fedbuff", async_concurrency=3)
+    assert all(len(c) == 3 for c in seen.cohorts)  # every report arrives at once: all 3 slots refill
+    assert all(h["staleness_max"] == 0 for h in buffered.federated_history)
+    _, synchronous = _run(digits, tmp_path, "sync", hooks=[_Forced(seen.cohorts)])
+    assert all(torch.allclose(buffered_model[n], synchronous[n], rtol=0, atol=1e-6) for n in synchronous)
+
+
+def test_fedbuff_sums_stale_changes_weighted_and_state_changes_once(tmp_path):
+    from types import SimpleNamespace
+
+    from fedhf.core.sums import RoundSums
+    from fedhf.simulation import InFlight
+    from fedhf.trainer.clock import VirtualClock
+    from fedhf.state.run import RunState
+
+    args = FederatedConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_clients=4,
+                           clients_per_round=2, clock_profile="uniform", round_policy="fedbuff")
+    trainer = SimpleNamespace(args=args, train_dataset=None, client_partitions=[[0]] * 4,
+                              plan=SimpleNamespace(params={"w": torch.zeros(2)}), model_device=torch.device("cpu"))
+    clock = VirtualClock(trainer)
+    clock.in_flight = [InFlight(0, 0, 4.0), InFlight(1, 2, 3.0), InFlight(2, 3, 9.0)]
+    clock.reports = {c: ({"dx.w": torch.tensor([1.0, 2.0]) * (c + 1), "w": torch.tensor(1.0),
+                          "correction.dc.w": torch.tensor([1.0, 1.0])}, 100) for c in (0, 1, 2)}
+    sums = RoundSums()
+    sums.add("excluded", 1.0)
+    sums.add("downlink_bytes", 64.0)
+    clock.after_sums(trainer, RunState({}, {}, {}, {}, rounds_done=3), sums)
+    # clients 1 (version 2: staleness 1) and 0 (version 0: staleness 3) report first
+    expected = torch.tensor([1.0, 2.0]) * 2 / 2 ** 0.5 + torch.tensor([1.0, 2.0]) * 1 / 2.0
+    assert torch.allclose(sums.get("dx.w"), expected.double())
+    assert sums.scalar("w") == 2.0 and torch.equal(sums.get("correction.dc.w"), torch.tensor([2.0, 2.0]).double())
+    assert sums.scalar("uplink_bytes") == 200 and sums.scalar("excluded") == 1.0 and sums.scalar("downlink_bytes") == 64
+    assert [f.client for f in clock.in_flight] == [2] and list(clock.reports) == [2]
+    assert clock.timing.seconds == 4.0 and clock.staleness == [1, 3]
+
+
+def test_a_resumed_fedbuff_run_keeps_its_clients_in_flight(digits, tmp_path):
+    settings = dict(clock_profile="lognormal", clock_spread=1.0, round_policy="fedbuff", async_concurrency=5,
+                    save_every_rounds=1, num_rounds=4)
+    whole, whole_model = _run(digits, tmp_path, "whole", **settings)
+    assert max(h["staleness_max"] for h in whole.federated_history) > 0
+    _run(digits, tmp_path, "cut", callbacks=[_StopAfter(2)], **settings)
+    resumed, resumed_model = _run(digits, tmp_path, "cut", resume=True, **settings)
+    assert resumed.federated_history == whole.federated_history
+    assert all(torch.equal(whole_model[n], resumed_model[n]) for n in whole_model)

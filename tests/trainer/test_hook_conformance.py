@@ -1,6 +1,6 @@
 """The round-hook protocol (fedhf/trainer/hooks.py), checked on every hook a run builds and on the user-written one of
 examples/round_hook_update_norms.py: each overridden event keeps the protocol's signature, ``select_clients``
-answers distinct clients of the run (a subsequence of those it was given, except where a policy over-selects), ``on_client_message`` returns client messages, and a hook's
+answers distinct clients of the run (a subsequence of those it was given; here the clock's deadline policy), ``on_client_message`` returns client messages, and a hook's
 checkpoint state is JSON plus named tensor groups that ``restore_state`` reads back to the same state."""
 
 from __future__ import annotations
@@ -69,8 +69,7 @@ def test_select_clients_answers_a_subsequence_and_messages_stay_client_messages(
         given = [5, 2, 0, 4]
         kept = hook.select_clients(trained, state, given)
         assert len(set(kept)) == len(kept) and all(0 <= c < trained.args.num_clients for c in kept)
-        if type(hook).__name__ != "VirtualClock":  # the clock's deadline policy over-selects: it may add clients
-            assert kept == [c for c in given if c in kept], type(hook).__name__
+        assert kept == [c for c in given if c in kept], type(hook).__name__
     sent = ClientMessages(Message({"dx.w": torch.ones(3)}), {})
     assert isinstance(trained.hooks.hooks[-1].on_client_message(trained, None, sent), ClientMessages)
 
