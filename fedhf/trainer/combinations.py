@@ -139,6 +139,13 @@ def _buffered(s: Setup) -> bool:
 
 
 COMBINATIONS: List[Refusal] = [
+    # micro-batches of one local step (fedhf/trainer/local_steps.py, ``accumulate``)
+    Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
+                                                                  or s.loss_is_scaled_for_ga),
+            lambda s: f"`gradient_accumulation_steps={s.args.gradient_accumulation_steps}` weights each micro-batch "
+                      "by its share of the union's items, which needs the model's own mean loss; a "
+                      "`compute_loss_func` (or a loss already scaled for accumulation) cannot be weighted so",
+            "use gradient_accumulation_steps=1 and a larger per_device_train_batch_size"),
     # buffered asynchronous aggregation on the simulated clock (fedhf/trainer/clock.py, docs/clock.md)
     Refusal(lambda s: _buffered(s) and s.rule.aggregator.name != "mean",
             lambda s: f"round_policy='fedbuff' weights each report's model change by its staleness, which is defined "
