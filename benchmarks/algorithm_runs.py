@@ -30,7 +30,8 @@ from comparison_tasks import ACCURACY, BUDGETS, HERE, SCORE, build_model, load_d
 COMMON = dict(dirichlet_alpha=0.1, max_length=32)
 HISTORY_KEYS = ("round", "train_loss", "eval_loss", "eval_accuracy", "eval_generation_accuracy", "learning_rate",
                 "participants", "excluded_clients", "uplink_MB", "downlink_MB", "communicated_MB",
-                "compression_seconds", "uplink_compression_rel_error")
+                "compression_seconds", "uplink_compression_rel_error", "sim_time_s", "sim_round_s", "sim_dropped",
+                "staleness_mean")
 
 
 # ---------------------------------------------------------------- variants

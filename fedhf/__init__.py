@@ -5,7 +5,7 @@ Swap ``Trainer`` for :class:`FederatedTrainer` and ``TrainingArguments`` for :cl
 
 from . import algorithms
 from .algorithms import Algorithm, compose, get_algorithm, list_algorithms
-from .trainer import FederatedConfig, FederatedTrainer
+from .trainer import ClientMessages, FederatedConfig, FederatedTrainer, RoundHook
 from .version import __version__
 
 
@@ -18,5 +18,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'fedhf' has no attribute {name!r}")
 
 
-__all__ = ["Algorithm", "FederatedConfig", "FederatedTrainer", "algorithms", "compose", "get_algorithm",
-           "list_algorithms"]
+__all__ = ["Algorithm", "ClientMessages", "FederatedConfig", "FederatedTrainer", "RoundHook", "algorithms", "compose",
+           "get_algorithm", "list_algorithms"]

@@ -15,7 +15,8 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fedhf")
 AXES = {"optim", "sync", "corrections", "server", "sharing"}
-BELOW_THE_TRAINER = {"core", "runtime", *AXES, "algorithms", "data", "metrics", "state", "compression", "privacy"}
+BELOW_THE_TRAINER = {"core", "runtime", *AXES, "algorithms", "data", "metrics", "state", "compression", "privacy",
+                     "simulation"}
 # folder -> the folders it may import (besides itself and version.py)
 RULES: Dict[str, Set[str]] = {
     "core": set(),  # the round's vocabulary: nothing else of fedhf
@@ -23,6 +24,7 @@ RULES: Dict[str, Set[str]] = {
     **{axis: {"core", "runtime"} for axis in AXES},  # no axis imports another
     "state": {"core", "runtime"},
     "privacy": {"core", "runtime"},  # clipping, the accountant, secure aggregation's numerics
+    "simulation": set(),  # simulated time: device profiles and round policies, pure
     "metrics": {"core", "runtime"},
     "compression": {"core", "runtime"},  # compressors and error feedback, applied by the trainer's round hook
     "data": {"core", "runtime", "metrics"},

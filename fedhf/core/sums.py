@@ -61,6 +61,10 @@ class RoundSums:
         view.gathered = self.gathered
         return view
 
+    def pop(self, key: str) -> torch.Tensor:
+        """Remove one sum (a round hook that replaces the round's sums: the clock's buffered reports)."""
+        return self._sums.pop(key)
+
     def has(self, prefix: str) -> bool:
         """Whether any client sent a key under ``<prefix>.``."""
         return any(k.startswith(prefix + ".") for k in self._sums)

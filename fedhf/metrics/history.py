@@ -33,7 +33,8 @@ def is_quality_metric(key: str) -> bool:
 
 
 def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -> Optional[str]:
-    """Eval metric and train/eval loss against rounds and against total communicated MB (up + down).
+    """Eval metric and train/eval loss against rounds, against total communicated MB (up + down) and, with the
+    simulated clock, against simulated seconds.
 
     Returns the path written, or None when matplotlib is not installed.
     """
@@ -47,8 +48,11 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
     evals = [h for h in history if any(k.startswith("eval_") for k in h)]
     if metric is None:
         metric = next((k for h in evals for k in h if is_quality_metric(k)), "eval_loss")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, x_key, x_label in ((axes[0], "round", "round"), (axes[1], "communicated_MB", "communicated MB (up + down)")):
+    panels = [("round", "round"), ("communicated_MB", "communicated MB (up + down)")]
+    if any("sim_time_s" in h for h in history):  # the simulated clock (fedhf/trainer/clock.py)
+        panels.append(("sim_time_s", "simulated seconds"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    for ax, (x_key, x_label) in zip(axes, panels):
         xs = [h[x_key] for h in evals if metric in h]
         ax.plot(xs, [h[metric] for h in evals if metric in h], "o-", color="tab:blue", label=metric)
         ax.set_xlabel(x_label)

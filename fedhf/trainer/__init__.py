@@ -7,5 +7,6 @@ Import rule: anything below it; nothing below imports it (tests/test_layout.py).
 
 from .config import FederatedConfig
 from .federated_trainer import FederatedTrainer
+from .hooks import ClientMessages, RoundHook
 
-__all__ = ["FederatedConfig", "FederatedTrainer"]
+__all__ = ["ClientMessages", "FederatedConfig", "FederatedTrainer", "RoundHook"]

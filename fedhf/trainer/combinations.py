@@ -134,7 +134,29 @@ def _secagg_problem(s: Setup) -> Optional[str]:
     return None if compatible else reason
 
 
+def _buffered(s: Setup) -> bool:
+    return s.args.clock_profile is not None and s.args.round_policy == "fedbuff"
+
+
 COMBINATIONS: List[Refusal] = [
+    # micro-batches of one local step (fedhf/trainer/local_steps.py, ``accumulate``)
+    Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
+                                                                  or s.loss_is_scaled_for_ga),
+            lambda s: f"`gradient_accumulation_steps={s.args.gradient_accumulation_steps}` weights each micro-batch "
+                      "by its share of the union's items, which needs the model's own mean loss; a "
+                      "`compute_loss_func` (or a loss already scaled for accumulation) cannot be weighted so",
+            "use gradient_accumulation_steps=1 and a larger per_device_train_batch_size"),
+    # buffered asynchronous aggregation on the simulated clock (fedhf/trainer/clock.py, docs/clock.md)
+    Refusal(lambda s: _buffered(s) and s.rule.aggregator.name != "mean",
+            lambda s: f"round_policy='fedbuff' weights each report's model change by its staleness, which is defined "
+                      f"for a mean of changes; the aggregator {s.rule.aggregator.name!r} reads products, "
+                      "preconditioners or each update, computed against different global models",
+            "use an algorithm whose server rule averages changes (mean, with any server optimizer after it: fedavg, "
+            "fedadam, diloco, ...) or round_policy='wait_all'"),
+    Refusal(lambda s: _buffered(s) and s.world.size > 1,
+            lambda s: f"round_policy='fedbuff' holds each training client's messages in the process that trained "
+                      f"it; this run has {s.world.size} processes",
+            "run fedbuff in one process"),
     # client-level differential privacy and secure aggregation (fedhf/trainer/privacy.py, docs/privacy.md)
     Refusal(lambda s: _dp(s) and s.args.client_weighting != "uniform",
             lambda s: f"`client_weighting={s.args.client_weighting!r}` weights clients by their data size, which is "

@@ -28,6 +28,7 @@ from ..runtime.processes import cpu_only_launch
 from ..server import AGGREGATORS, SERVER_RULES, SERVER_TRANSFORMS
 from ..sharing.plan import PRESETS, ParameterSharing
 from ..sync import STATE_SYNCS
+from .clock_settings import ClockSettings, check_clock_fields
 from .compression_settings import CompressionSettings
 from .field_help import choice_list
 from .hub import check_hub_access
@@ -68,7 +69,7 @@ def _as_dict(value: Union[str, Dict[str, Any], None], name: str) -> Dict[str, An
 # TrainingArguments' first, then the three groups (the last base's first), then FederatedConfig's own; so --help
 # and to_dict() list those groups before num_clients and algorithm. Nothing reads the fields by position.
 @dataclass
-class FederatedConfig(PrivacySettings, CompressionSettings, PartitionSettings, TrainingArguments):
+class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, PartitionSettings, TrainingArguments):
     r"""
     Configuration of :class:`fedhf.FederatedTrainer`: ``transformers.TrainingArguments`` plus the federation. Only
     the federation's parameters are listed here; every TrainingArguments field keeps its meaning, or is refused
@@ -132,6 +133,8 @@ class FederatedConfig(PrivacySettings, CompressionSettings, PartitionSettings, T
         memory_budget_gb (`float`, *optional*): refuse to start when the memory plan exceeds this per process.
 
         > Privacy: :class:`~fedhf.trainer.privacy_settings.PrivacySettings`
+
+        > Simulated time: :class:`~fedhf.trainer.clock_settings.ClockSettings`
 
     > [!NOTE]
     > These parameters have defaults different from TrainingArguments', on purpose:
@@ -304,6 +307,7 @@ class FederatedConfig(PrivacySettings, CompressionSettings, PartitionSettings, T
             self.clients_per_round = self.num_clients
         check_federation_fields(self, CLIENT_WEIGHTINGS, ROUND_SCHEDULES)
         check_privacy_fields(self)
+        check_clock_fields(self)
         if self.partition_encoder is not None:
             check_encoder(self.partition_encoder)  # a local folder, before any work
         # Fails here, before any model or data is touched, on an unknown name or a bad keyword; the trainer reuses

@@ -51,8 +51,9 @@ from ..state.run import RunState, refuse_to_overwrite, resolve_checkpoint
 from .best_round import BestRound, check_best_metric
 from .client_data import ClientData, check_partitions
 from .combinations import check_combinations
+from .clock_settings import sampled_per_round
 from .config import FederatedConfig
-from .hooks import HookList
+from .hooks import HookList, RoundHook
 from .labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
 from .round_features import round_hooks
 from .local_steps import LocalSteps, faulty
@@ -76,6 +77,8 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
             by default the split comes from ``args.partition`` (dirichlet / iid / natural).
         partition_key: optional callable row -> hashable key that the dirichlet/natural split runs over instead
             of ``args.partition_key`` (fedhf/data/keys.py).
+        round_hooks: optional list of the user's own :class:`fedhf.RoundHook` instances, called at every event of
+            the round loop after the built-in diagnostics and before compression and privacy (docs/round_hooks.md).
 
     ``client_eval_partitions[i]``: client i's held-out rows of ``train_dataset`` (``args.client_eval_fraction``
     of its rows, never trained on; empty when the fraction is 0), for a personalised evaluation.
@@ -86,9 +89,15 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
 
     def __init__(self, model=None, args: Optional[FederatedConfig] = None, *trainer_args,
                  client_partitions: Optional[Sequence[Sequence[int]]] = None,
-                 partition_key: Optional[Callable[[dict], Hashable]] = None, **trainer_kwargs) -> None:
+                 partition_key: Optional[Callable[[dict], Hashable]] = None,
+                 round_hooks: Optional[Sequence[RoundHook]] = None, **trainer_kwargs) -> None:
         if not isinstance(args, FederatedConfig):
             raise TypeError(f"FederatedTrainer needs `args=FederatedConfig(...)`, got {type(args).__name__}.")
+        wrong = [type(h).__name__ for h in (round_hooks or []) if not isinstance(h, RoundHook)]
+        if wrong:
+            raise TypeError(f"`round_hooks` takes instances of fedhf.RoundHook (subclass it and override the events "
+                            f"you need: docs/round_hooks.md), got {wrong}.")
+        self.user_round_hooks: List[RoundHook] = list(round_hooks or [])
         # by name or by position (Trainer's order: data_collator, train_dataset); Trainer's own error names max_steps
         train_dataset = trainer_kwargs.get("train_dataset", trainer_args[1] if len(trainer_args) > 1 else None)
         check_not_streaming(train_dataset, "train_dataset")
@@ -266,7 +275,8 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
         args, algo, r = self.args, self.algorithm, run.rounds_done
         # 1. the round's learning rate, clients and sharing (RoLoRA's frozen factor); the hooks' round begins
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
-        clients = round_clients(args.seed, r, args.num_clients, args.clients_per_round, args.client_sampling)
+        clients = round_clients(args.seed, r, args.num_clients, sampled_per_round(args), args.client_sampling)
+        run.cohort = clients = self.hooks.select_clients(self, run, clients)  # e.g. the clock's offline and late
         self.plan.begin_round(r)
         self.hooks.before_round(self, run)
         # 2. this process's clients, by the runner chosen at __init__: their messages into the round's sums

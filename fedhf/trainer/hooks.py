@@ -8,6 +8,10 @@ passed in. Every method is a no-op here, so a hook overrides only the events it 
 meets them:
 
 * ``on_train_begin(trainer, run)``: once, after the global model (fresh or resumed) is in the resident model.
+* ``select_clients(trainer, run, clients) -> clients``: the round's sampled clients, before anything else of the
+  round; a hook returns the clients that take part (the simulated clock drops offline and late clients here; under
+  FedBuff it answers its own dispatch instead). Each
+  hook gets the previous one's answer; ``run.cohort`` then holds the result for the rest of the round.
 * ``before_round(trainer, run)``: before this process's clients train.
 * ``broadcast_bytes(trainer, run, dense) -> bytes``: what the broadcast to one client costs, given its dense size
   (a compressed downlink returns its encoded size; fedhf/trainer/compression.py).
@@ -29,6 +33,9 @@ with ``checkpoint_state(trainer, run) -> (meta, groups)`` (JSON values; safetens
 it back, before ``on_train_begin``, with ``restore_state(trainer, run, meta, groups)``.
 
 A new round feature is a file with its hook plus its line in ``round_hooks`` (fedhf/trainer/round_features.py).
+A user's own hooks are passed as ``FederatedTrainer(round_hooks=[...])`` (docs/round_hooks.md): they run after the
+built-in diagnostics and before the message transforms (compression, privacy, the clock), so a clip bounds what a user hook
+sends and the history records what a user hook adds to a round's log.
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ class RoundHook:
 
     def on_train_begin(self, trainer, run) -> None:
         pass
+
+    def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
+        return list(clients)
 
     def before_round(self, trainer, run) -> None:
         pass
@@ -105,6 +115,11 @@ class HookList(RoundHook):
     def on_train_begin(self, trainer, run) -> None:
         for hook in self.hooks:
             hook.on_train_begin(trainer, run)
+
+    def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
+        for hook in self.hooks:
+            clients = hook.select_clients(trainer, run, clients)
+        return list(clients)
 
     def before_round(self, trainer, run) -> None:
         for hook in self.hooks:

@@ -133,10 +133,7 @@ class LocalSteps:
             if loss_items(micro_batches[0], shifted) == 0:
                 return 0.0
             return trainer.training_step(trainer.model, self._head_at_labels(micro_batches[0])).double()
-        if trainer.compute_loss_func is not None or trainer.loss_is_scaled_for_ga:
-            raise ValueError("gradient_accumulation_steps > 1 needs the model's own mean loss; a `compute_loss_func` "
-                             "(or a loss already scaled for accumulation) cannot be weighted per micro-batch. Use "
-                             "gradient_accumulation_steps=1 and a larger per_device_train_batch_size.")
+        # a compute_loss_func with G > 1 is refused when the trainer is built (fedhf/trainer/combinations.py)
         items = [loss_items(batch, shifted) for batch in micro_batches]
         loss = 0.0
         for batch, n in zip(micro_batches, items):

@@ -38,7 +38,7 @@ import torch
 
 from ..core.message import Message
 from ..core.params import TensorDict
-from ..core.schedule import round_clients, stream_seed
+from ..core.schedule import stream_seed
 from ..privacy import adaptive_clip_update, centred_bit, clip_jointly
 from ..privacy.secagg import masked_bytes
 from ..privacy.secret import draw_secret
@@ -139,9 +139,7 @@ class Privacy(RoundHook):
             trainer.control.should_training_stop = True
 
     def before_round(self, trainer, run) -> None:
-        args = self.args
-        self.cohort = round_clients(args.seed, run.rounds_done, args.num_clients, args.clients_per_round,
-                                    args.client_sampling)
+        self.cohort = list(run.cohort)  # the round's clients after selection (the secure sum's partners)
         self.round_clip = self.clip_norm
 
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:

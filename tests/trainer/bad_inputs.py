@@ -389,6 +389,22 @@ BAD_INPUTS = [
         _lora_tweets(secure_aggregation=True, server_rule="trimmed_mean")),
     Bad("`secure_aggregation=True` with a per-client-scale compressor on the uplink", "uplink_compression",
         _lora_tweets(secure_aggregation=True, uplink_compression="int8")),
+    Bad("`gradient_accumulation_steps` > 1 with a `compute_loss_func` (micro-batches cannot be weighted)",
+        "gradient_accumulation_steps",
+        lambda env: digit_trainer(tiny_resnet(), env["digits"], config(env["tmp_path"], gradient_accumulation_steps=2),
+                                  compute_loss_func=lambda outputs, labels, num_items_in_batch=None: outputs.loss)),
+    Bad("`round_hooks` with an object that is not a RoundHook", "round_hooks",
+        lambda env: digit_trainer(tiny_resnet(), env["digits"], config(env["tmp_path"]), round_hooks=[object()]),
+        TypeError),
+    Bad("a clock setting without `clock_profile`", "clock_profile", _cfg(round_policy="deadline", round_deadline_s=5.0)),
+    Bad("`round_policy='fedbuff'` with a LoRA product rule (reports of different global models)", "round_policy",
+        _lora_tweets(clock_profile="uniform", round_policy="fedbuff", server_rule="flexlora")),
+    Bad("`round_policy='fedbuff'` with DP (one synchronous cohort assumed)", "round_policy",
+        _cfg(clock_profile="uniform", round_policy="fedbuff", dp_mode="central", dp_clip_norm=1.0,
+             dp_noise_multiplier=1.0, client_sampling="poisson")),
+    Bad("clients that drop (`clock_availability` < 1) under DP with fixed-size sampling", "client_sampling",
+        _cfg(clock_profile="uniform", clock_availability=0.5, dp_mode="central", dp_clip_norm=1.0,
+             dp_noise_multiplier=1.0)),
 ]
 
 

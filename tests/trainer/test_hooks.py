@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from fedhf.core.message import Message
-from fedhf.trainer import federated_trainer
 from fedhf.trainer.hooks import ClientMessages, RoundHook
 
 from tests.helpers import config, digit_trainer, tiny_resnet, trainable_state
@@ -29,14 +28,12 @@ class _SumsSeen(RoundHook):
         self.participants.append(sums.scalar("n"))
 
 
-def test_a_hook_replaces_a_clients_message_before_the_sums(digits, tmp_path, monkeypatch):
+def test_a_users_hook_replaces_a_clients_message_before_the_sums(digits, tmp_path):
     seen = _SumsSeen()
-    built = federated_trainer.round_hooks
-    monkeypatch.setattr(federated_trainer, "round_hooks", lambda trainer: built(trainer) + [_NothingSent(), seen])
     model = tiny_resnet()
     before = trainable_state(model)
     trainer = digit_trainer(model, digits, config(tmp_path, num_clients=3, clients_per_round=3, num_rounds=2,
-                                                  local_steps=1), evaluate=False)
+                                                  local_steps=1), evaluate=False, round_hooks=[_NothingSent(), seen])
     trainer.train()
     after = trainable_state(model)
     assert all(torch.equal(before[n], after[n]) for n in before)  # x + mean(0) = x: the zeros were summed
