@@ -30,8 +30,8 @@ FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_s
                       "downlink_compression", "error_feedback", "client_sampling", "dp_mode", "dp_clip_norm",
                       "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_accountant", "dp_adaptive_clip_quantile",
                       "secure_aggregation", "secagg_bits", "secagg_range", "dp_min_survivors", "dp_reproducible_noise",
-                      "clock_profile", "clock_tokens_per_s", "clock_uplink_mbps", "clock_downlink_mbps", "clock_spread", "clock_availability",
-                      "round_policy", "round_deadline_s", "over_selection")
+                      "clock_profile", "clock_tokens_per_s", "clock_uplink_mbps", "clock_downlink_mbps",
+                      "clock_spread", "clock_availability", "round_policy", "round_deadline_s", "over_selection")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
                 "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None,
@@ -42,8 +42,9 @@ ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity
                 "dp_epsilon": None, "dp_delta": None, "dp_noise_multiplier": None, "dp_accountant": "rdp",
                 "dp_adaptive_clip_quantile": None, "secure_aggregation": False, "secagg_bits": 20,
                 "secagg_range": None, "dp_min_survivors": None, "dp_reproducible_noise": False, "clock_profile": None,
-                "clock_tokens_per_s": 2000.0, "clock_uplink_mbps": 5.0, "clock_downlink_mbps": 20.0, "clock_spread": 1.0, "clock_availability": 1.0,
-                "round_policy": "wait_all", "round_deadline_s": None, "over_selection": 0.0}
+                "clock_tokens_per_s": 2000.0, "clock_uplink_mbps": 5.0, "clock_downlink_mbps": 20.0,
+                "clock_spread": 1.0, "clock_availability": 1.0, "round_policy": "wait_all", "round_deadline_s": None,
+                "over_selection": 0.0}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params", "compression_state")
