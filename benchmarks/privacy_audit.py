@@ -7,7 +7,8 @@ What runs is fedhf's own round hook (fedhf/trainer/privacy.py), built from a rea
 message goes through ``Privacy.on_client_message`` (clip, distributed noise share, secure aggregation's quantise and
 mask) and the summed messages through ``Privacy.after_sums`` (unmask and decode, central noise, adaptive clipping's
 noisy count), in the shapes the trainer uses (``Message`` / ``RoundSums``, as fedhf/trainer/local_steps.py sends
-them). Nothing of clip + noise is written again here; the few calls into fedhf are the ``Mechanism`` class below.
+them). Nothing of clip + noise is written again here; every call into fedhf's privacy code is in the first section
+below (the config, ``Mechanism``, the planted clip, the claim).
 
 The audit (Jagielski, Ullman, Oprea, "Auditing Differentially Private Machine Learning: How Private is Private
 SGD?", NeurIPS 2020, arXiv:2006.07709; Nasr, Song, Thakurta, Papernot, Carlini, "Adversary Instantiation: Lower
@@ -137,7 +138,8 @@ class Mechanism:
     def release(self, updates: Dict[int, torch.Tensor], round_index: int) -> torch.Tensor:
         """The released (noised, decoded) sum of the clients' ``dx`` after round ``round_index``."""
         hook = copy.copy(self.built)
-        run = types.SimpleNamespace(rounds_done=round_index)
+        # the run's state the hook reads: the round index (and the global model, which only an empty round needs)
+        run = types.SimpleNamespace(rounds_done=round_index, global_params={}, global_buffers={})
         hook.before_round(self.trainer, run)
         sums = RoundSums()
         for client, update in sorted(updates.items()):  # as LocalSteps.finish sends a client's messages
@@ -220,7 +222,9 @@ def audit(mode: str, trials: int, cohort: int, seed: int) -> dict:
                 if replica is not None:
                     released = released - replica.release({c: torch.zeros(DIM, dtype=torch.float64)
                                                            for c in updates}, k)
-                scores[present].append(float(released @ direction))
+                # at a resolution of 1e-9 (C = 1): two roundings of one value are one score, so no threshold
+                # falls between them (a known-seed subtraction leaves the sums exact up to float64 rounding)
+                scores[present].append(round(float(released @ direction), 9))
     lb, detail = epsilon_lower_bound(np.array(scores[0]), np.array(scores[1]))
     return dict(mode=mode, lb=lb, claim=claimed_epsilon(z, cohort), z=z, cpu_seconds=time.process_time() - start,
                 **detail)
