@@ -1,7 +1,7 @@
 """An empirical privacy audit of fedhf's client-level DP: a canary client, many rounds with and without it, and an
 epsilon lower bound from how well a threshold tells the two apart.
 
-    python benchmarks/privacy_audit.py [--trials 40000] [--seed 0]
+    python benchmarks/privacy_audit.py [--trials 20000] [--cohort 8] [--seed 0]
 
 What runs is fedhf's own round hook (fedhf/trainer/privacy.py), built from a real ``FederatedConfig``: every client's
 message goes through ``Privacy.on_client_message`` (clip, distributed noise share, secure aggregation's quantise and
@@ -19,12 +19,12 @@ Bounds for Differentially Private Machine Learning", IEEE S&P 2021, arXiv:2101.0
   (it takes part in both, so the cohort and the distributed noise shares are the same; the released sums differ by
   the canary's clipped vector, norm C: the add-or-remove-one sensitivity);
 * each trial is one round with fresh noise (a fresh hook: the first round of a run, at round index = trial number);
-* the score is the released sum's projection on u; a threshold t says "with" above it. The trials' first half
-  chooses t (and which of the two forms below), the second half measures the false-positive and false-negative
-  rates at it (choosing on the same trials would bias the bound upwards);
+* the score is the released sum's projection on u; a threshold t says "with" above it;
 * with Clopper-Pearson upper ends FPR+ and FNR+ (two-sided 95 % intervals, so both hold together with >= 95 %
   confidence), an (epsilon, delta)-DP mechanism must satisfy epsilon >= log((1 - delta - FNR+) / FPR+) and the
-  symmetric log((1 - delta - FPR+) / FNR+); the larger is the lower bound ``lb``.
+  symmetric log((1 - delta - FPR+) / FNR+). The first half of each world's trials chooses t and the form (the
+  largest bound there), the second half measures the rates at it and gives ``lb`` (choosing on the same trials
+  would bias the bound upwards).
 
 The claim is the epsilon fedhf's accountant (fedhf/privacy/accountant.py, dp-accounting's PLD, the tightest) gives
 the noise multiplier z the hook accounts, for what the audit ran: one round, the canary always in the cohort, so no
@@ -48,7 +48,9 @@ Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023, arXiv:230
 into one run; here each trial is one round, which is cheap, so plain repetition is used.
 
 The last line is ``privacy_audit central=<lb>/<claim> adaptive=<lb>/<claim> distributed=<lb>/<claim>
-planted_seed=<lb> planted_sens=<lb>``; the output is deterministic given ``--seed`` (the audit's own seed).
+planted_seed=<lb> planted_sens=<lb>``; the output is deterministic given ``--seed`` (the audit's own seed: the central
+noise's generator is set from it, and where fedhf has ``dp_reproducible_noise`` the config turns it on, so the
+distributed shares and masks follow the seed too).
 """
 
 from __future__ import annotations
