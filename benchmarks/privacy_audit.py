@@ -1,13 +1,14 @@
 """An empirical privacy audit of fedhf's client-level DP: a canary client, many rounds with and without it, and an
 epsilon lower bound from how well a threshold tells the two apart.
 
-    python benchmarks/privacy_audit.py [--trials 40000] [--seed 0]
+    python benchmarks/privacy_audit.py [--trials 20000] [--cohort 8] [--seed 0]
 
 What runs is fedhf's own round hook (fedhf/trainer/privacy.py), built from a real ``FederatedConfig``: every client's
 message goes through ``Privacy.on_client_message`` (clip, distributed noise share, secure aggregation's quantise and
 mask) and the summed messages through ``Privacy.after_sums`` (unmask and decode, central noise, adaptive clipping's
 noisy count), in the shapes the trainer uses (``Message`` / ``RoundSums``, as fedhf/trainer/local_steps.py sends
-them). Nothing of clip + noise is written again here; the few calls into fedhf are the ``Mechanism`` class below.
+them). Nothing of clip + noise is written again here; every call into fedhf's privacy code is in the first section
+below (the config, ``Mechanism``, the planted clip, the claim).
 
 The audit (Jagielski, Ullman, Oprea, "Auditing Differentially Private Machine Learning: How Private is Private
 SGD?", NeurIPS 2020, arXiv:2006.07709; Nasr, Song, Thakurta, Papernot, Carlini, "Adversary Instantiation: Lower
@@ -18,12 +19,12 @@ Bounds for Differentially Private Machine Learning", IEEE S&P 2021, arXiv:2101.0
   (it takes part in both, so the cohort and the distributed noise shares are the same; the released sums differ by
   the canary's clipped vector, norm C: the add-or-remove-one sensitivity);
 * each trial is one round with fresh noise (a fresh hook: the first round of a run, at round index = trial number);
-* the score is the released sum's projection on u; a threshold t says "with" above it. The trials' first half
-  chooses t (and which of the two forms below), the second half measures the false-positive and false-negative
-  rates at it (choosing on the same trials would bias the bound upwards);
+* the score is the released sum's projection on u; a threshold t says "with" above it;
 * with Clopper-Pearson upper ends FPR+ and FNR+ (two-sided 95 % intervals, so both hold together with >= 95 %
   confidence), an (epsilon, delta)-DP mechanism must satisfy epsilon >= log((1 - delta - FNR+) / FPR+) and the
-  symmetric log((1 - delta - FPR+) / FNR+); the larger is the lower bound ``lb``.
+  symmetric log((1 - delta - FPR+) / FNR+). The first half of each world's trials chooses t and the form (the
+  largest bound there), the second half measures the rates at it and gives ``lb`` (choosing on the same trials
+  would bias the bound upwards).
 
 The claim is the epsilon fedhf's accountant (fedhf/privacy/accountant.py, dp-accounting's PLD, the tightest) gives
 the noise multiplier z the hook accounts, for what the audit ran: one round, the canary always in the cohort, so no
@@ -47,7 +48,9 @@ Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023, arXiv:230
 into one run; here each trial is one round, which is cheap, so plain repetition is used.
 
 The last line is ``privacy_audit central=<lb>/<claim> adaptive=<lb>/<claim> distributed=<lb>/<claim>
-planted_seed=<lb> planted_sens=<lb>``; the output is deterministic given ``--seed`` (the audit's own seed).
+planted_seed=<lb> planted_sens=<lb>``; the output is deterministic given ``--seed`` (the audit's own seed: the central
+noise's generator is set from it, and where fedhf has ``dp_reproducible_noise`` the config turns it on, so the
+distributed shares and masks follow the seed too).
 """
 
 from __future__ import annotations
@@ -137,7 +140,8 @@ class Mechanism:
     def release(self, updates: Dict[int, torch.Tensor], round_index: int) -> torch.Tensor:
         """The released (noised, decoded) sum of the clients' ``dx`` after round ``round_index``."""
         hook = copy.copy(self.built)
-        run = types.SimpleNamespace(rounds_done=round_index)
+        # the run's state the hook reads: the round index (and the global model, which only an empty round needs)
+        run = types.SimpleNamespace(rounds_done=round_index, global_params={}, global_buffers={})
         hook.before_round(self.trainer, run)
         sums = RoundSums()
         for client, update in sorted(updates.items()):  # as LocalSteps.finish sends a client's messages
@@ -220,7 +224,9 @@ def audit(mode: str, trials: int, cohort: int, seed: int) -> dict:
                 if replica is not None:
                     released = released - replica.release({c: torch.zeros(DIM, dtype=torch.float64)
                                                            for c in updates}, k)
-                scores[present].append(float(released @ direction))
+                # at a resolution of 1e-9 (C = 1): two roundings of one value are one score, so no threshold
+                # falls between them (a known-seed subtraction leaves the sums exact up to float64 rounding)
+                scores[present].append(round(float(released @ direction), 9))
     lb, detail = epsilon_lower_bound(np.array(scores[0]), np.array(scores[1]))
     return dict(mode=mode, lb=lb, claim=claimed_epsilon(z, cohort), z=z, cpu_seconds=time.process_time() - start,
                 **detail)

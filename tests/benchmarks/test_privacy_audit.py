@@ -44,6 +44,14 @@ def test_honest_modes_stay_below_their_claim_and_both_planted_breaks_are_caught(
     assert line.startswith("privacy_audit central=") and "planted_sens=" in line.split()[-1]
 
 
+def test_a_known_seed_is_subtracted_exactly_and_never_errs(audit):
+    # seed 2: the subtraction leaves one score in several float64 roundings; a threshold between two of them erred
+    result = audit.audit("planted_seed", trials=1000, cohort=4, seed=2)
+    assert result["false_positives"] == result["false_negatives"] == 0
+    upper = 1 - 0.025 ** (1 / 250)  # Clopper-Pearson's upper end for 0 errors of 250, two-sided 95 %
+    assert result["lb"] == pytest.approx(math.log((1 - audit.DELTA - upper) / upper), rel=1e-9)
+
+
 def test_perfectly_separated_scores_give_the_clopper_pearson_bound_by_hand(audit):
     n = 400  # per world; 200 choose the threshold, 200 measure it
     without, with_ = np.arange(n, dtype=float), np.arange(n, dtype=float) + 10 * n
