@@ -18,6 +18,11 @@ The clients train from x_hat; the server's own x is put back before its update, 
 correction and sync states are compressed the same way. Every client is taken to hold the same x_hat (a broadcast
 channel), as the downlink count, per sampled client, assumes.
 
+On both links a synced optimizer state the local optimizer declares non-negative or symmetric PSD is put back in
+its domain after decoding (:mod:`fedhf.compression.domain`; the uplink residual is formed from the projected value,
+so error feedback's identity holds). Under DP ``uplink_compression_rel_error`` is not logged: it is computed from
+each client's message before the clip.
+
 Random draws (stochastic rounding, PowerSGD's first Q) come from a generator per tensor seeded by (seed, round,
 client, stream, tensor key): nothing to checkpoint, and a resumed run draws the same numbers.
 """
@@ -33,11 +38,11 @@ import torch
 
 from ..compression import CompressionPlan, Compressor, compress_step, parse_plan
 from ..compression.domain import keep_domain
-from ..core.theta import GENERAL, split_theta_key
-from ..optim.base import OptimizerHooks
 from ..core.message import Message
 from ..core.params import TensorDict
 from ..core.schedule import stream_seed
+from ..core.theta import GENERAL, split_theta_key
+from ..optim.base import OptimizerHooks
 from .hooks import ClientMessages, RoundHook
 
 UPLINK_STREAM, DOWNLINK_STREAM = 0xC0, 0xC1

@@ -64,4 +64,5 @@ class PartitionSettings:
         metadata={"help": "Hold out this fraction of each client's rows (seeded, at least 1) as that client's own "
                           "evaluation set, never trained on: FederatedTrainer.client_eval_partitions."})
     partition_report: bool = field(
-        default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training."})
+        default=True, metadata={"help": "Write partition.json and partition.png to output_dir before training (not "
+                                        "under dp_mode: each client's sizes and label counts are not released)."})
