@@ -29,7 +29,6 @@ broadcast, never derived from the seed the model card prints (unless ``dp_reprod
 from __future__ import annotations
 
 import logging
-import math
 from typing import Dict, List, Tuple
 
 import torch
