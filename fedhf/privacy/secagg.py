@@ -9,8 +9,9 @@ masks uncancelled: SecAgg reconstructs the dropped client's pair seeds from the 
 server removes those masks (:meth:`SecAggCodec.remove_dropped`); here the server regenerates them from the seeds.
 Decoding needs sum_i q_i < 2^32 (``max_clients``), which the trainer checks before any work.
 
-The pair seed stands in for the key agreement (Diffie-Hellman in SecAgg): in a simulation it comes from the run's
-seed, so a run is reproducible; it hides nothing from someone who knows that seed.
+The pair seed stands in for the key agreement (Diffie-Hellman in SecAgg): the codec's ``seed`` is the run's privacy
+secret (fedhf/privacy/secret.py: drawn from the operating system's entropy, kept in the server's checkpoint), not
+the published ``seed``.
 """
 
 from __future__ import annotations

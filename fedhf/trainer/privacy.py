@@ -31,7 +31,6 @@ broadcast, never derived from the seed the model card prints (unless ``dp_reprod
 from __future__ import annotations
 
 import logging
-import math
 from typing import Dict, List, Tuple
 
 import torch
@@ -118,7 +117,8 @@ class Privacy(RoundHook):
         self.message_shapes: Dict[str, List[int]] = {}
         self.secret = 0
         self.noise = torch.Generator()  # the central noise's stream (the privacy audit draws from it too)
-        self._use_secret(value_of_the_main_process(draw_secret(args.dp_reproducible_noise, args.seed)))
+        if self.active:  # drawn on the main process, broadcast: every process adds the same noise
+            self._use_secret(value_of_the_main_process(draw_secret(args.dp_reproducible_noise, args.seed)))
 
     def _use_secret(self, secret: int) -> None:
         """Every draw of the mechanism from now on follows ``secret`` (every process holds the same one)."""

@@ -49,7 +49,7 @@ class PrivacySettings:
         default="off",
         metadata={"help": "Client-level differential privacy: 'off', 'central' (each message clipped to dp_clip_norm, "
                           "Gaussian noise sigma C on the sums) or 'distributed' (each client adds its share "
-                          "sigma C / sqrt(S) before a secure sum; needs secure_aggregation)."})
+                          "sigma C / sqrt(dp_min_survivors) before a secure sum; needs secure_aggregation)."})
     dp_clip_norm: Optional[float] = field(
         default=None, metadata={"help": "C: every client's whole message (model delta and any state it sends) is "
                                         "scaled to joint L2 norm <= C; with adaptive clipping, the initial C."})
