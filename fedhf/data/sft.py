@@ -35,6 +35,7 @@ import inspect
 import json
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import datasets
@@ -143,8 +144,7 @@ def _code_key() -> str:
             return inspect.getsource(function)
         except (OSError, TypeError):  # defined where no source file is (an interactive session)
             return repr(function.__code__.co_code) + repr(function.__code__.co_consts)
-    parts = [open(__file__, "rb").read().decode("utf-8", "replace")]
-    parts += [source(globals()[name]) for name in _ROW_FUNCTIONS]
+    parts = [Path(__file__).read_text(encoding="utf-8")] + [source(globals()[name]) for name in _ROW_FUNCTIONS]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 

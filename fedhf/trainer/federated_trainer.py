@@ -102,6 +102,10 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
         train_dataset = trainer_kwargs.get("train_dataset", trainer_args[1] if len(trainer_args) > 1 else None)
         check_not_streaming(train_dataset, "train_dataset")
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        if (args.fp16_full_eval or args.bf16_full_eval) and not self.is_model_parallel and self.model_init is None:
+            # Trainer leaves the model off the device for a full-precision-eval cast and moves it when train()
+            # starts; the round loop's state is built here, on the model's device, so it moves now.
+            self._move_model_to_device(self.model, args.device)
         if self.train_dataset is None:
             raise ValueError("FederatedTrainer needs a `train_dataset` to split over clients.")
         if not trainable_parameters(self.model):

@@ -70,10 +70,10 @@ def _synthetic_run(out, callbacks=(), **overrides):
                 num_clients=2, num_rounds=3, local_steps=2, per_device_train_batch_size=4,
                 per_device_eval_batch_size=16, use_cpu=True, eval_every_rounds=1, partition="iid",
                 learning_rate=0.05, partition_report=False, save_strategy="no")
+    eval_dataset = overrides.pop("eval_dataset", answer_rows(16, seed=1))
     base.update(overrides)
     return FederatedTrainer(model=tiny_llama_lora(100), args=FederatedConfig(**base), train_dataset=answer_rows(32),
-                            eval_dataset=answer_rows(16, seed=1), data_collator=SFTCollator(IdsOnly()),
-                            callbacks=list(callbacks))
+                            eval_dataset=eval_dataset, data_collator=SFTCollator(IdsOnly()), callbacks=list(callbacks))
 
 
 class KeepEvaluated(TrainerCallback):
@@ -108,9 +108,10 @@ def test_a_nan_first_metric_is_never_the_best_round(tmp_path):
 
 def test_a_personalised_metric_picks_the_best_round(tmp_path):
     """``metric_for_best_model`` naming a personal_eval_* metric: recorded after the personalised evaluation (it
-    raised KeyError after round 1 had trained); its direction is the table's (a loss: lower)."""
+    raised KeyError after round 1 had trained); its direction is the table's (a loss: lower); no global
+    ``eval_dataset`` is needed for it."""
     trainer = _synthetic_run(tmp_path, metric_for_best_model="personal_eval_loss_mean", personalized_eval=True,
-                             client_eval_fraction=0.25)
+                             client_eval_fraction=0.25, num_rounds=2, eval_dataset=None)
     assert trainer.args.greater_is_better is False
     trainer.train()
     values = {h["round"]: h["personal_eval_loss_mean"] for h in trainer.federated_history}

@@ -341,14 +341,19 @@ class _Dtypes(TrainerCallback):
         self.seen.append((dtype, self.box[0].is_in_train))
 
 
-def test_in_training_evaluations_leave_the_model_in_its_dtype(tmp_path):
+def test_in_training_evaluations_leave_the_model_in_its_dtype(tmp_path, monkeypatch):
     """``is_in_train`` is True while train() runs (so Trainer's evaluation loop does not cast the resident model
     for ``bf16_full_eval``) and False after it, an exception included. Before, the first evaluation turned the
-    LoRA weights bf16 and every later round trained in pure bf16."""
+    LoRA weights bf16 and every later round trained in pure bf16. The model goes to the device at __init__ (Trainer
+    defers that to its train() under a full-precision eval; it stayed off the GPU)."""
     from fedhf.data.sft import SFTCollator
 
     from tests.helpers import IdsOnly, answer_rows, tiny_llama_lora
 
+    moved = []
+    placed = FederatedTrainer._move_model_to_device
+    monkeypatch.setattr(FederatedTrainer, "_move_model_to_device",
+                        lambda self, model, device: moved.append(device) or placed(self, model, device))
     box: list = []
     watch = _Dtypes(box)
     args = config(tmp_path, num_clients=2, clients_per_round=2, num_rounds=3, local_steps=1, partition="iid",
@@ -358,6 +363,7 @@ def test_in_training_evaluations_leave_the_model_in_its_dtype(tmp_path):
                                eval_dataset=answer_rows(8, seed=1), data_collator=SFTCollator(IdsOnly()),
                                callbacks=[watch])
     box.append(trainer)
+    assert moved == [args.device]
     trainer.train()
     assert watch.seen == [(torch.float32, True)] * 3
     assert trainer.is_in_train is False
