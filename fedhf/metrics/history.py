@@ -32,8 +32,17 @@ def is_quality_metric(key: str) -> bool:
         ("_runtime", "_per_second", "_preparation_time"))
 
 
-def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -> Optional[str]:
-    """Eval metric and train/eval loss against rounds and against total communicated MB (up + down).
+def plotted_metric(history: List[dict]) -> str:
+    """The eval metric a plot shows: the first accuracy-type one (an LLM run's generation accuracy rather than its
+    perplexity, whose round-0 value flattens the curve), else the first quality metric, else the eval loss."""
+    keys = [k for h in history for k in h if is_quality_metric(k)]
+    return next((k for k in keys if "accuracy" in k), keys[0] if keys else "eval_loss")
+
+
+def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
+                 title: Optional[str] = None) -> Optional[str]:
+    """Eval metric and train/eval loss against rounds and against total communicated MB (up + down), under
+    ``title`` (the algorithm and run), the legends below the curves.
 
     Returns the path written, or None when matplotlib is not installed.
     """
@@ -45,9 +54,8 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
     except ImportError:
         return None
     evals = [h for h in history if any(k.startswith("eval_") for k in h)]
-    if metric is None:
-        metric = next((k for h in evals for k in h if is_quality_metric(k)), "eval_loss")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    metric = metric or plotted_metric(evals)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for ax, x_key, x_label in ((axes[0], "round", "round"), (axes[1], "communicated_MB", "communicated MB (up + down)")):
         xs = [h[x_key] for h in evals if metric in h]
         ax.plot(xs, [h[metric] for h in evals if metric in h], "o-", color="tab:blue", label=metric)
@@ -62,12 +70,14 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
                          "--", color="tab:red", label="eval_loss")
         loss_ax.set_ylabel("loss", color="tab:red")
         handles = ax.get_legend_handles_labels()[0] + loss_ax.get_legend_handles_labels()[0]
-        ax.legend(handles=handles, loc="center right", fontsize="small")
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize="small")
     spent = [h for h in history if "dp_epsilon" in h]
+    lines = [title] if title else []
     if spent:  # client-level DP: the privacy spent by the run so far
-        fig.suptitle(f"client-level DP: epsilon {spent[-1]['dp_epsilon']:.3g} spent after round {spent[-1]['round']}",
-                     fontsize="medium")
+        lines.append(f"client-level DP: epsilon {spent[-1]['dp_epsilon']:.3g} spent after round {spent[-1]['round']}")
+    if lines:
+        fig.suptitle("\n".join(lines), fontsize="medium")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
