@@ -34,7 +34,8 @@ from fedhf.runtime.hardware import cpu_has_bf16_matmul
 
 BUNDLED_MODEL, BUNDLED_DATA = "bundled-tiny-llama", "bundled-tweets-instructions"
 OFFLINE_FIX = f"--model_name_or_path {BUNDLED_MODEL} --dataset {BUNDLED_DATA}"
-# The example's own flat recipe (the `fedhf train` command has no causal-lm task yet, so it is not in recipes/).
+# The example's own flat recipe, for its extra flags (--load_in_4bit, --lora_r, ...); `fedhf train` runs sectioned
+# causal-LM recipes too (recipes/tweets_tinyllama_sft_fedmuon_dir0.5_n8.yaml).
 RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_smollm2_lora_fedmuon_dolly.yaml")
 
 
@@ -166,7 +167,7 @@ def main(argv=None) -> dict:
     trainer = FederatedTrainer(model=model, args=args, train_dataset=train, eval_dataset=held,
                                data_collator=SFTCollator(tokenizer), processing_class=tokenizer, callbacks=callbacks)
     trainer.train()
-    trainer.save_model()
+    trainer.save_model(os.path.join(args.output_dir, "final"))  # as `fedhf train` and the quickstart save it
     if args.push_to_hub:
         trainer.push_to_hub()
     history = trainer.federated_history

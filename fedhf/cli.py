@@ -28,7 +28,7 @@ class NetworkError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .cli_fields import fields_help
+    from .trainer.field_help import fields_help
     from .version import __version__
 
     parser = argparse.ArgumentParser(prog="fedhf", allow_abbrev=False,
@@ -88,7 +88,7 @@ def algorithms_table() -> List[str]:
 
 def _recipe_arguments(config: str, overrides: List[str]):
     """The recipe and its FederatedConfig, every ``--field`` checked first (exact names, "did you mean")."""
-    from .cli_fields import check_flags
+    from .trainer.field_help import check_flags
     from .recipes import DataSection, ModelSection, load_recipe
 
     recipe = load_recipe(config)

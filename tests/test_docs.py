@@ -189,3 +189,26 @@ def test_the_readme_snippet_runs_as_written_and_two_runs_give_the_same_model(tmp
         adapters.append(load_file(tmp_path / run / "out" / "final" / "adapter_model.safetensors"))
     assert sorted(adapters[0]) == sorted(adapters[1]) and any("classifier" in n for n in adapters[0])
     assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])
+
+
+# docs/tutorial.md's budget cut to seconds, and its Gemma replaced by a tiny Llama over Gemma's vocabulary (the
+# substitution the page names for a quick try); every other line runs as printed.
+TUTORIAL_SMALL = {"range(4000)": "range(120)", "range(300)": "range(24)", "num_clients=20, clients_per_round=5":
+                  "num_clients=3, clients_per_round=2", "num_rounds=8, local_steps=10": "num_rounds=2, local_steps=1",
+                  "save_every_rounds=4": "save_every_rounds=1", "range(2000)": "range(48)", "range(64)": "range(8)",
+                  "range(64, 264)": "range(8, 12)", "num_clients=20, clients_per_round=4, num_rounds=8, local_steps=5":
+                  "num_clients=2, clients_per_round=2, num_rounds=1, local_steps=1",
+                  "AutoModelForCausalLM.from_pretrained(gemma_path)": "tiny_llama(len(llm_tokenizer))",
+                  "eval_every_rounds=4": "eval_every_rounds=1"}
+
+
+def test_the_tutorial_runs_as_one_session(tmp_path, monkeypatch):
+    code = shrunk("\n".join(python_blocks((ROOT / "docs" / "tutorial.md").read_text())), TUTORIAL_SMALL)
+    monkeypatch.chdir(tmp_path)
+    scope = {"__name__": "tutorial"}
+    exec(compile("from fedhf.data.demo import tiny_llama\n" + code, "docs/tutorial.md", "exec"), scope)  # noqa: S102
+    assert [h["round"] for h in scope["trainer"].federated_history] == [0, 1, 2] or \
+        scope["trainer"].federated_history[-1]["round"] == 2
+    assert (tmp_path / "tutorial_classifier" / "checkpoint-2").is_dir()
+    assert "eval_generation_accuracy" in scope["llm_trainer"].federated_history[-1]
+    assert (tmp_path / "tutorial_llm" / "final" / "adapter_model.safetensors").exists()

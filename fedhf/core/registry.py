@@ -27,7 +27,7 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         key = name.lower() if isinstance(name, str) else name
         if key not in self._entries:
-            close = difflib.get_close_matches(str(key), self._entries, n=1)
+            close = difflib.get_close_matches(str(key), self._entries, n=1, cutoff=0.7)
             guess = f"Did you mean {close[0]!r}? " if close else ""
             raise ValueError(
                 f"Unknown {self.kind} {name!r} in `{self.config_field}`. {guess}"

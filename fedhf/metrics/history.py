@@ -32,9 +32,18 @@ def is_quality_metric(key: str) -> bool:
         ("_runtime", "_per_second", "_preparation_time"))
 
 
-def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -> Optional[str]:
+def plotted_metric(history: List[dict]) -> str:
+    """The eval metric a plot shows: the first accuracy-type one (an LLM run's generation accuracy rather than its
+    perplexity, whose round-0 value flattens the curve), else the first quality metric, else the eval loss."""
+    keys = [k for h in history for k in h if is_quality_metric(k)]
+    return next((k for k in keys if "accuracy" in k), keys[0] if keys else "eval_loss")
+
+
+def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
+                 title: Optional[str] = None) -> Optional[str]:
     """Eval metric and train/eval loss against rounds, against total communicated MB (up + down) and, with the
-    simulated clock, against simulated seconds.
+    simulated clock, against simulated seconds, under ``title`` (the algorithm and run), the legends below the
+    curves.
 
     Returns the path written, or None when matplotlib is not installed.
     """
@@ -46,12 +55,11 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
     except ImportError:
         return None
     evals = [h for h in history if any(k.startswith("eval_") for k in h)]
-    if metric is None:
-        metric = next((k for h in evals for k in h if is_quality_metric(k)), "eval_loss")
+    metric = metric or plotted_metric(evals)
     panels = [("round", "round"), ("communicated_MB", "communicated MB (up + down)")]
     if any("sim_time_s" in h for h in history):  # the simulated clock (fedhf/trainer/clock.py)
         panels.append(("sim_time_s", "simulated seconds"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
     for ax, (x_key, x_label) in zip(axes, panels):
         xs = [h[x_key] for h in evals if metric in h]
         ax.plot(xs, [h[metric] for h in evals if metric in h], "o-", color="tab:blue", label=metric)
@@ -66,12 +74,14 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None) -
                          "--", color="tab:red", label="eval_loss")
         loss_ax.set_ylabel("loss", color="tab:red")
         handles = ax.get_legend_handles_labels()[0] + loss_ax.get_legend_handles_labels()[0]
-        ax.legend(handles=handles, loc="center right", fontsize="small")
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize="small")
     spent = [h for h in history if "dp_epsilon" in h]
+    lines = [title] if title else []
     if spent:  # client-level DP: the privacy spent by the run so far
-        fig.suptitle(f"client-level DP: epsilon {spent[-1]['dp_epsilon']:.3g} spent after round {spent[-1]['round']}",
-                     fontsize="medium")
+        lines.append(f"client-level DP: epsilon {spent[-1]['dp_epsilon']:.3g} spent after round {spent[-1]['round']}")
+    if lines:
+        fig.suptitle("\n".join(lines), fontsize="medium")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -56,6 +56,7 @@ from .config import FederatedConfig
 from .hooks import HookList, RoundHook
 from .labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
 from .round_features import round_hooks
+from .llm_guidance import warn_sgd_lr
 from .local_steps import LocalSteps, faulty
 from .loss_scaling import LossScale
 from .memory_plan import check_budget, plan_memory
@@ -125,6 +126,7 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
         self.sharing = args.built_sharing()
         self.sharing_roles = self.sharing.roles(self.model)  # shared / personal / frozen, refused here
         check_combinations(self)  # every refused combination of settings, before any work (one table)
+        warn_sgd_lr(self)  # an SGD algorithm at an AdamW-scale lr on a causal LM (fedhf/trainer/llm_guidance.py)
         # what the aggregator needs of the round, and how clients are trained: chosen once, here
         aggregator = self.algorithm.server_rule.aggregator
         self.base_fold = base_fold(self.model, aggregator)  # FedEx-LoRA, FLoRA: the base weights they change

@@ -62,7 +62,9 @@ class History(RoundHook):
 class HistoryPlot(RoundHook):
     def on_train_end(self, trainer, run) -> None:
         if trainer.is_world_process_zero():
-            plot_history(trainer.federated_history, os.path.join(trainer.args.output_dir, "federated_history.png"))
+            title = f"{trainer.algorithm.name}: {os.path.basename(os.path.normpath(trainer.args.output_dir))}"
+            plot_history(trainer.federated_history, os.path.join(trainer.args.output_dir, "federated_history.png"),
+                         title=title)
 
 
 class Checkpoints(RoundHook):

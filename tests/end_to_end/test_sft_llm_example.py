@@ -41,4 +41,4 @@ def test_bundled_run_records_loss_perplexity_and_generation_accuracy(tmp_path):
         assert h["eval_perplexity"] == math.exp(h["eval_loss"])
         assert 0.0 <= h["eval_generation_accuracy"] <= 1.0
     assert evaluated[-1]["eval_loss"] < evaluated[0]["eval_loss"]
-    assert (out / "adapter_model.safetensors").exists()
+    assert (out / "final" / "adapter_model.safetensors").exists()

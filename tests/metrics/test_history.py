@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from fedhf.metrics import accuracy_metrics, plot_history, write_json_atomic
-from fedhf.metrics.history import is_quality_metric
+from fedhf.metrics.history import is_quality_metric, plotted_metric
 
 
 def test_quality_metrics_exclude_loss_and_timings():
@@ -33,5 +33,13 @@ def test_history_json_is_replaced_whole_and_plotted(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
-    assert plot_history(history, str(tmp_path / "h.png")) == str(tmp_path / "h.png")
+    assert plot_history(history, str(tmp_path / "h.png"), title="fedavg: run") == str(tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
+
+
+def test_the_plot_shows_an_accuracy_before_perplexity():
+    llm = [{"round": 0, "eval_loss": 6.2, "eval_perplexity": 488.3, "eval_runtime": 9.0,
+            "eval_generation_accuracy": 0.0}]
+    assert plotted_metric(llm) == "eval_generation_accuracy"
+    assert plotted_metric([{"round": 0, "eval_loss": 6.2, "eval_perplexity": 488.3}]) == "eval_perplexity"
+    assert plotted_metric([{"round": 1, "train_loss": 0.5}]) == "eval_loss"
