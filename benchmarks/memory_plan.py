@@ -41,6 +41,7 @@ def child(batched: int, opts) -> dict:
     from batched_clients import build
     from fedhf import FederatedConfig, FederatedTrainer
     from fedhf.data.demo import minilm_path
+    from fedhf.trainer.memory_plan import peak_tensor_bytes
     from llm import blocks
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,18 +56,20 @@ def child(batched: int, opts) -> dict:
                                save_strategy="no", partition_report=False, use_cpu=device == "cpu",
                                bf16=device == "cuda", seed=0)
         trainer = FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator)
+        tensors = None
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
+            trainer.train()
         else:
             with open("/proc/self/clear_refs", "w") as refs:
                 refs.write("5")  # resets VmHWM to the current resident set
             before = _status_kb("VmRSS") * 1024
-        trainer.train()
+            tensors = peak_tensor_bytes(trainer.train, os.path.join(out, "trace.json")) / 2**20
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
     plan = trainer.memory_plan
-    return {"C": batched, "measured_MB": (peak - before) / 2**20, "device": device,
+    return {"C": batched, "measured_MB": (peak - before) / 2**20, "device": device, "tensors_MB": tensors,
             "planned_MB": (plan.total_bytes - sum(plan.model_bytes.values())) / 2**20,
             "model_MB": sum(plan.model_bytes.values()) / 2**20,
             "rows_MB": {k: v / 2**20 for k, v in plan.rows().items()}}
@@ -224,8 +227,10 @@ def main() -> None:
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
         rows.append(r := json.loads(done.stdout.strip().splitlines()[-1]))
+        tensors = "" if r["tensors_MB"] is None else (f"  tensors' peak {r['tensors_MB']:8.1f} MB, /planned "
+                                                       f"{r['tensors_MB'] / r['planned_MB']:.2f}")
         print(f"C={r['C']:2d}  planned {r['planned_MB']:8.1f} MB  measured peak {r['measured_MB']:8.1f} MB  "
-              f"measured/planned {r['measured_MB'] / r['planned_MB']:.2f}  (model {r['model_MB']:.1f} MB resident; "
+              f"measured/planned {r['measured_MB'] / r['planned_MB']:.2f}{tensors}  (model {r['model_MB']:.1f} MB resident; "
               f"activations {r['rows_MB']['activations']:.1f}, optimizer {r['rows_MB']['optimizer state']:.1f}, "
               f"adapter copies {r['rows_MB']['adapter copies']:.1f} MB)", flush=True)
     planned = max([r["C"] for r in rows if r["planned_MB"] <= opts.budget_mb], default=0)

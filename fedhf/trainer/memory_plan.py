@@ -35,7 +35,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   - the loss over materialised logits: 3 fp32 logits-sized tensors (V x 4 bytes per position; the loss upcasts
     the logits to fp32 and autograd keeps that copy, then the log-softmax's and the logits' gradients), at the
     labelled positions with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py; those of the
-    ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch;
+    ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch,
+    and one more under ``batched_clients`` > 1 at every position (the per-row loss's shifted copy);
   - trl's fused LM head (FederatedSFTTrainer, trl >= 1.16), which never materialises the logits: its backward
     holds 8 fp32 tiles of at most 4,096 positions x 32,768 tokens (every position on CPU, the labelled ones where
     trl runs Triton), an fp32 copy of a 32,768-row slice of the head's weight and the hidden states' gradient;
@@ -45,7 +46,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 
   The constants were measured as the peak of the tensors the run allocates (torch's profiler), on the tiny Llama
   of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of the step): 3.0 logits-sized
-  tensors with every position projected, 2.0 (+ the labelled rows) in the GNB pass, 7.8 tiles in trl's head; and
+  tensors with every position projected (3.9 per client with 2 and 4 batched clients), 2.0 (+ the labelled rows)
+  in the GNB pass, 7.8 tiles in trl's head; and
   against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32 (benchmarks/memory_plan.py --gemma).
   The largest batch is the one that holds the longest row: the collators pad a batch to its own longest row.
   Not counted, and said in the plan's notes (``unplanned_memory`` of the local optimizer): Sophia's Hutchinson
@@ -76,9 +78,10 @@ logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares t
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import datasets
 import numpy as np
@@ -91,14 +94,10 @@ from transformers import PreTrainedModel
 from ..compression import parse_plan
 from ..core.params import num_bytes
 from .compression import compressed_model_change
+from .head_memory import (HeadShape, cross_entropy_bytes, fused_head_bytes, logits_pass_bytes,
+                          trl_scores_labelled_only)
 
 GIB = 2**30
-#: fp32 logits-sized tensors a step holds at once around a cross-entropy (module docstring, row "logits")
-LOSS_LOGITS = 3
-#: trl 1.16's tiles (trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE, trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE)
-TRL_TOKEN_TILE, TRL_VOCAB_TILE = 4096, 32768
-#: fp32 tile-sized tensors trl's fused head holds at once (module docstring, row "logits")
-FUSED_TILES = 8
 
 
 @dataclass
@@ -355,8 +354,8 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     rows = -(-args.per_device_train_batch_size // shards)
     labelled = _most_labels(data, rows)
     head = HeadShape(rows, lengths, labelled, vocabulary, model.config.hidden_size, half_logits)
-    loss = (fused_head_bytes(head, _trl_scores_labelled_only(args)) if trainer.fused_lm_head
-            else cross_entropy_bytes(head, trainer.labelled_logits))
+    loss = (fused_head_bytes(head, trl_scores_labelled_only(args)) if trainer.fused_lm_head
+            else cross_entropy_bytes(head, trainer.labelled_logits, args.batched_clients > 1))
     curvature = logits_pass_bytes(head) if trainer.algorithm.local_optimizer.logits_pass else 0
     if trainer.fused_lm_head:
         notes.append("logits: trl's fused LM head, planned from its tile sizes (trl 1.16)")
@@ -365,59 +364,23 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     return elements * size * rows * lengths, max(loss, curvature)
 
 
-@dataclass(frozen=True)
-class HeadShape:
-    """The worst micro-batch's head: ``rows`` rows padded to ``length`` tokens (the collators pad a batch to its
-    longest row, so the batch holding the longest row is the largest), ``labelled`` labelled positions at most
-    (the rows with the most labels; None without a per-token ``labels`` column), a vocabulary of ``vocabulary``
-    after a hidden state of ``hidden``, logits in half precision (``half``) or fp32."""
+def peak_tensor_bytes(run: Callable[[], object], trace_path: str) -> int:
+    """What the plan counts, measured: the most bytes of CPU tensors that ``run()`` allocated and held at once, from
+    torch's profiler ("Total Allocated" at every allocation and free; its trace is written to ``trace_path``).
+    Neither other processes nor memory a warm heap reuses disturb it, as they do a resident-set peak; memory a
+    library allocates outside torch's allocator (BLAS buffers) is not in it."""
+    from torch.profiler import ProfilerActivity, profile
 
-    rows: int
-    length: int
-    labelled: Optional[int]
-    vocabulary: int
-    hidden: int
-    half: bool
-
-    @property
-    def every(self) -> int:
-        return self.rows * self.length
-
-    @property
-    def scored(self) -> int:
-        return self.every if self.labelled is None else self.labelled
-
-
-def cross_entropy_bytes(head: HeadShape, labelled_only: bool) -> int:
-    """A causal LM's loss over materialised logits: ``LOSS_LOGITS`` fp32 logits-sized tensors at the labelled
-    positions (``logits_at_labels_only``) or at every position."""
-    return LOSS_LOGITS * (head.scored if labelled_only else head.every) * head.vocabulary * 4
-
-
-def logits_pass_bytes(head: HeadShape) -> int:
-    """Sophia's GNB pass through ``ModelAccess.logits`` (fedhf/optim/sophia.py): every position's logits in the
-    head's dtype and the copy that drops each row's last one (their two gradients in the backward), then the
-    labelled rows in fp32 (the upcast, the softmax, the log-softmax and its gradient)."""
-    return 2 * head.every * head.vocabulary * (2 if head.half else 4) + 4 * head.scored * head.vocabulary * 4
-
-
-def fused_head_bytes(head: HeadShape, labelled_only: bool) -> int:
-    """trl's fused LM head (trl.kernels.chunked_logprob, trl 1.16): the positions' log-probabilities computed in
-    tiles of at most ``TRL_TOKEN_TILE`` positions x ``TRL_VOCAB_TILE`` tokens; ``FUSED_TILES`` fp32 tile-sized
-    tensors at once in its backward on CPU, beside the fp32 copy of a vocabulary slice of the head's weight and
-    the fp32 gradient of the hidden states. Every position is scored, or only the labelled ones where trl runs
-    its Triton kernels (``labelled_only``)."""
-    positions = head.scored if labelled_only else head.rows * max(head.length - 1, 0)
-    vocab_tile = min(head.vocabulary, TRL_VOCAB_TILE)
-    tile = min(positions, TRL_TOKEN_TILE) * vocab_tile
-    return 4 * (FUSED_TILES * tile + vocab_tile * head.hidden + positions * head.hidden)
-
-
-def _trl_scores_labelled_only(args) -> bool:
-    """trl scores only the labelled positions where it runs Triton (CUDA, XPU), every position elsewhere."""
-    from transformers.utils import is_triton_available
-
-    return args.device.type in ("cuda", "xpu") and is_triton_available()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        run()
+    profiler.export_chrome_trace(str(trace_path))
+    with open(trace_path) as trace:
+        events = [e["args"] for e in json.load(trace)["traceEvents"]
+                  if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
+    if not events:
+        return 0
+    before = events[0]["Total Allocated"] - events[0]["Bytes"]  # what earlier code still held when profiling began
+    return max(e["Total Allocated"] for e in events) - before
 
 
 def _floating_size(model: torch.nn.Module) -> int:
@@ -461,4 +424,4 @@ def _column(data: datasets.Dataset, name: str) -> pa.ChunkedArray:
 
 
 __all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes",
-           "plan_memory"]
+           "peak_tensor_bytes", "plan_memory"]

@@ -3,7 +3,6 @@ matches what autograd really keeps, and a plan over ``memory_budget_gb`` is refu
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -14,7 +13,7 @@ from fedhf.data.sft import SFTCollator
 from fedhf.data.demo import load_tweets, tiny_llama
 from fedhf.core.sums import RoundSums
 from fedhf.trainer.compression import RESIDUAL
-from fedhf.trainer.memory_plan import GIB, activation_elements_per_token, autocast_copy_bytes
+from fedhf.trainer.memory_plan import GIB, activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
 
 from tests.helpers import config, tiny_llama_lora, trainable_state, tweet_sft
 
@@ -241,20 +240,6 @@ def test_the_plan_reads_the_rows_a_select_keeps_not_the_table_beneath():
     assert (_longest_row(kept), _most_labels(kept, 1), _most_labels(kept, 3)) == (4, 2, 3)
 
 
-def peak_allocation(run, trace_path) -> int:
-    """The most bytes of tensors that ``run()`` allocated and held at once: torch's CPU allocator as its profiler
-    counts it ("Total Allocated" at every allocation and free), i.e. this run's own tensors, which neither other
-    processes nor memory a warm heap reuses disturb (a resident-set peak is both)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
-        run()
-    profiler.export_chrome_trace(str(trace_path))
-    with open(trace_path) as trace:
-        events = [e["args"] for e in json.load(trace)["traceEvents"]
-                  if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
-    before = events[0]["Total Allocated"] - events[0]["Bytes"]  # what other code still held when profiling began
-    return max(e["Total Allocated"] for e in events) - before
-
-
 #: head modes and estimators the plan covers -> FederatedConfig overrides ("sft": FederatedSFTTrainer, trl's loss)
 MODES = {
     "labelled positions": {},
@@ -263,6 +248,7 @@ MODES = {
     "sophia empirical fisher": {"algorithm": "fed_sophia", "local_optimizer": "sophia",
                                 "local_optimizer_kwargs": {"hessian_estimator": "empirical_fisher"}},
     "batched clients": {"batched_clients": 2},
+    "batched clients, every position": {"batched_clients": 2, "logits_at_labels_only": False},
     "sft": {},
 }
 
@@ -290,7 +276,7 @@ def test_the_plan_is_within_a_quarter_of_the_measured_peak(mode, tmp_path, token
         assert trainer.fused_lm_head  # trl >= 1.16: the loss never materialises the logits
     else:
         trainer = _trainer(tmp_path, tokenizer, sft, **settings)
-    measured = peak_allocation(trainer.train, tmp_path / "trace.json")
+    measured = peak_tensor_bytes(trainer.train, tmp_path / "trace.json")
     plan = trainer.memory_plan
     assert plan.logits_bytes > plan.activation_bytes  # the head dominates: the case the plan must get right
     assert 0.8 <= (plan.total_bytes - sum(plan.model_bytes.values())) / measured <= 1.25
