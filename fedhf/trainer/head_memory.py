@@ -40,12 +40,10 @@ class HeadShape:
 
 def cross_entropy_bytes(head: HeadShape, labelled_only: bool, batched: bool) -> int:
     """A causal LM's loss over materialised logits: ``LOSS_LOGITS`` fp32 logits-sized tensors at the labelled
-    positions (``logits_at_labels_only``) or at every position, where batched clients' per-row loss
-    (fedhf/runtime/stacked_adapters.py ``row_losses``) adds the fp32 copy of the logits without each row's last
-    position."""
-    if labelled_only:
-        return LOSS_LOGITS * head.scored * head.vocabulary * 4
-    return (LOSS_LOGITS + batched) * head.every * head.vocabulary * 4
+    positions (``logits_at_labels_only``) or at every position, one more for batched clients' per-row losses
+    (fedhf/runtime/stacked_adapters.py, fedhf/runtime/labelled_logits.py: a cross-entropy per token, summed per
+    row, where the model's own loss reduces inside the cross-entropy)."""
+    return (LOSS_LOGITS + batched) * (head.scored if labelled_only else head.every) * head.vocabulary * 4
 
 
 def logits_pass_bytes(head: HeadShape) -> int:

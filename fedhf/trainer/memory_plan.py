@@ -35,8 +35,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   - the loss over materialised logits: 3 fp32 logits-sized tensors (V x 4 bytes per position; the loss upcasts
     the logits to fp32 and autograd keeps that copy, then the log-softmax's and the logits' gradients), at the
     labelled positions with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py; those of the
-    ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch,
-    and one more under ``batched_clients`` > 1 at every position (the per-row loss's shifted copy);
+    ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch;
+    one more under ``batched_clients`` > 1 (per-row losses: a cross-entropy per token, then summed per row);
   - trl's fused LM head (FederatedSFTTrainer, trl >= 1.16), which never materialises the logits: its backward
     holds 8 fp32 tiles of at most 4,096 positions x 32,768 tokens (every position on CPU, the labelled ones where
     trl runs Triton), an fp32 copy of a 32,768-row slice of the head's weight and the hidden states' gradient;
@@ -44,11 +44,14 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
     which projects every position: 2 logits-sized tensors in the head's dtype (the logits and the copy without each
     row's last position; their gradients in the backward), then 4 fp32 ones at the labelled positions.
 
-  The constants were measured as the peak of the tensors the run allocates (torch's profiler), on the tiny Llama
-  of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of the step): 3.0 logits-sized
-  tensors with every position projected (3.9 per client with 2 and 4 batched clients), 2.0 (+ the labelled rows)
-  in the GNB pass, 7.8 tiles in trl's head; and
-  against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32 (benchmarks/memory_plan.py --gemma).
+  The constants were measured as the peak of the tensors a run allocates (``peak_tensor_bytes``, torch's
+  profiler) on the tiny Llama of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of
+  the step): 3.0 logits-sized tensors with every position projected, 3.9 per client with 2 and 4 batched clients
+  (also with 2 clients of the small Llama of benchmarks/memory_plan.py), 2.0 (+ the labelled rows) in the GNB
+  pass, 7.8 tiles in trl's head; and against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32
+  (benchmarks/memory_plan.py --gemma). The resident set also holds what libraries allocate outside torch's
+  tensors (BLAS and oneDNN buffers, the allocator's slack), which the plan does not count: 0.1-0.2 GB in a fresh
+  process on CPU (benchmarks/memory_plan.py).
   The largest batch is the one that holds the longest row: the collators pad a batch to its own longest row.
   Not counted, and said in the plan's notes (``unplanned_memory`` of the local optimizer): Sophia's Hutchinson
   estimator, whose second backward goes through the gradient's graph.
@@ -269,7 +272,8 @@ def plan_memory(trainer, run) -> MemoryPlan:
     args, algo, model = trainer.args, trainer.algorithm, trainer.model
     trained = trainer.plan.trained()
     optimizer = algo.local_optimizer.state_bytes(trained)
-    notes = []
+    notes = ["not counted: memory outside torch's tensors (BLAS/oneDNN buffers, the allocator's slack or cache; "
+             "0.1-0.2 GB of resident memory on CPU in benchmarks/memory_plan.py)"]
     if optimizer is None:
         notes.append(f"{algo.local_optimizer.cls.__name__} declares no state size (fedhf/optim/state_size.py): "
                      "its optimizer state is not counted")
