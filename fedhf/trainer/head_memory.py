@@ -46,11 +46,14 @@ def cross_entropy_bytes(head: HeadShape, labelled_only: bool, batched: bool) -> 
     return (LOSS_LOGITS + batched) * (head.scored if labelled_only else head.every) * head.vocabulary * 4
 
 
-def logits_pass_bytes(head: HeadShape) -> int:
-    """Sophia's GNB pass through ``ModelAccess.logits`` (fedhf/optim/sophia.py): every position's logits in the
-    head's dtype and the copy that drops each row's last one (their two gradients in the backward), then the
-    labelled rows in fp32 (the upcast, the softmax, the log-softmax and its gradient)."""
-    return 2 * head.every * head.vocabulary * (2 if head.half else 4) + 4 * head.scored * head.vocabulary * 4
+def logits_pass_bytes(head: HeadShape, kind: str) -> int:
+    """A pass through ``ModelAccess.logits``. ``"backward"`` (Sophia's GNB, fedhf/optim/sophia.py): every
+    position's logits in the head's dtype and the copy that drops each row's last one (their two gradients in
+    the backward), then the labelled rows in fp32 (the upcast, the softmax, the log-softmax and its gradient).
+    ``"no_grad"`` (FOOF's statistics, fedhf/optim/foof.py): every position's logits, and nothing kept for a
+    backward (the caller sets the activations against it)."""
+    logits = head.every * head.vocabulary * (2 if head.half else 4)
+    return 2 * logits + 4 * head.scored * head.vocabulary * 4 if kind == "backward" else logits
 
 
 def fused_head_bytes(head: HeadShape, labelled_only: bool) -> int:

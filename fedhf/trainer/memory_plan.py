@@ -14,7 +14,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   optimizer state), its personal tensors (fp32) and, with uplink compression and ``error_feedback``, the float64
   residual of every model-change tensor the plan compresses (fedhf/trainer/compression.py; the residuals of
   compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so),
-  x ``num_clients``; capped by ``client_state_budget_mb`` (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
+  x the clients that can take part (``num_clients``, at most ``clients_per_round`` x ``num_rounds`` under
+  fixed-size sampling: a client's state is stored when it first trains); capped by ``client_state_budget_mb`` (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
   counted at that state's size), the optimizer's Theta for the drift metric and, when the state-sync rule averages
@@ -40,15 +41,17 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   - trl's fused LM head (FederatedSFTTrainer, trl >= 1.16), which never materialises the logits: its backward
     holds 8 fp32 tiles of at most 4,096 positions x 32,768 tokens (every position on CPU, the labelled ones where
     trl runs Triton), an fp32 copy of a 32,768-row slice of the head's weight and the hidden states' gradient;
-  - a local optimizer's curvature pass through ``ModelAccess.logits`` (``logits_pass``: Sophia's GNB estimator),
-    which projects every position: 2 logits-sized tensors in the head's dtype (the logits and the copy without each
-    row's last position; their gradients in the backward), then 4 fp32 ones at the labelled positions.
+  - a local optimizer's curvature pass through ``ModelAccess.logits`` (``logits_pass``), which projects every
+    position: differentiated (Sophia's GNB estimator), 2 logits-sized tensors in the head's dtype (the logits and
+    the copy without each row's last position; their gradients in the backward), then 4 fp32 ones at the
+    labelled positions; a forward only (FOOF's statistics, FedPM), 1 logits-sized tensor, less the activations
+    (a no-grad forward keeps none).
 
   The constants were measured as the peak of the tensors a run allocates (``peak_tensor_bytes``, torch's
   profiler) on the tiny Llama of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of
   the step): 3.0 logits-sized tensors with every position projected, 3.9 per client with 2 and 4 batched clients
   (also with 2 clients of the small Llama of benchmarks/memory_plan.py), 2.0 (+ the labelled rows) in the GNB
-  pass, 7.8 tiles in trl's head; and against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32
+  pass, 1.0 in FOOF's, 7.8 tiles in trl's head; and against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32
   (benchmarks/memory_plan.py --gemma). The resident set also holds what libraries allocate outside torch's
   tensors (BLAS and oneDNN buffers, the allocator's slack), which the plan does not count: 0.1-0.2 GB in a fresh
   process on CPU (benchmarks/memory_plan.py).
@@ -295,8 +298,7 @@ def plan_memory(trainer, run) -> MemoryPlan:
         optimizer_bytes_per_client=optimizer,
         run_state_bytes=sum(num_bytes(group) for group in run.tensor_groups().values()),
         client_store_bytes_per_client=per_client,
-        stored_clients=-(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
-        if per_client else 0,
+        stored_clients=_stored_clients(trainer) if per_client else 0,
         client_store_cap_bytes=None if args.client_state_budget_mb is None
         else int(args.client_state_budget_mb * 2**20),
         activation_bytes_per_client=activations, logits_bytes_per_client=logits,
@@ -305,6 +307,16 @@ def plan_memory(trainer, run) -> MemoryPlan:
         best_round_bytes=4 * sum(t.numel() for group in (run.global_params, run.global_buffers, trainer.plan.personal)
                                  for t in group.values()) if args.load_best_model_at_end else 0,
         merged_copy_bytes=sum(model_bytes(model).values()) if trainer.base_fold.layers else 0, notes=notes)
+
+
+def _stored_clients(trainer) -> int:
+    """The clients whose state this process can hold: a client's state is stored when it first trains, so at most
+    ``clients_per_round`` x ``num_rounds`` under fixed-size sampling (Poisson sampling has no such bound)."""
+    args = trainer.args
+    here = -(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
+    if args.client_sampling != "fixed":
+        return here
+    return min(here, (args.clients_per_round or args.num_clients) * args.num_rounds)
 
 
 def error_feedback_bytes(args, shared) -> int:
@@ -360,12 +372,16 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     head = HeadShape(rows, lengths, labelled, vocabulary, model.config.hidden_size, half_logits)
     loss = (fused_head_bytes(head, trl_scores_labelled_only(args)) if trainer.fused_lm_head
             else cross_entropy_bytes(head, trainer.labelled_logits, args.batched_clients > 1))
-    curvature = logits_pass_bytes(head) if trainer.algorithm.local_optimizer.logits_pass else 0
+    activations = elements * size * rows * lengths
+    kind = trainer.algorithm.local_optimizer.logits_pass
+    curvature = 0 if kind is None else logits_pass_bytes(head, kind)
+    if kind == "no_grad":  # a forward only: nothing kept for a backward, so the step's activations are not held
+        curvature -= activations
     if trainer.fused_lm_head:
         notes.append("logits: trl's fused LM head, planned from its tile sizes (trl 1.16)")
     if curvature > loss:
         notes.append("logits: the local optimizer's curvature pass (every position's logits) is larger than the loss's")
-    return elements * size * rows * lengths, max(loss, curvature)
+    return activations, max(loss, curvature)
 
 
 def peak_tensor_bytes(run: Callable[[], object], trace_path: str) -> int:
