@@ -6,13 +6,22 @@ MiniLM tokenizer's 30,522-token vocabulary, LoRA r16 on every linear layer, bloc
 bundled tweets), FedAvg with AdamW, one round of C clients, ``--local_steps`` steps of ``--batch`` rows. Each C runs
 in a fresh process; its peak is measured from the start of ``train()``: on CPU the resident-set high-water mark
 (``VmHWM``, reset through ``/proc/self/clear_refs`` just before ``train()``) minus the resident set at that moment;
-on a GPU ``torch.cuda.max_memory_allocated`` minus the allocation before ``train()``. The model is resident
-before ``train()`` in both, so the plan's comparable figure is its total without the model row.
+on a GPU ``torch.cuda.max_memory_allocated`` minus the allocation before ``train()``. On CPU also the peak of the
+tensors the run allocates (``peak_tensor_bytes``, torch's profiler: what the plan counts, without the memory
+libraries hold outside torch's tensors). The model is resident before ``train()`` in both, so the plan's
+comparable figure is its total without the model row.
 
 Last line: ``fit_under_budget budget=..MB planned=C measured=C`` (the largest C whose plan / measured peak stays
 under ``--budget_mb``; the sequential loop is C = 1).
 
+``--gemma all`` (or a comma-separated list of modes): Gemma-3-270M LoRA runs, one fresh process at a time, one per
+head mode and curvature estimator (``GEMMA_MODES``: labelled positions in bf16 and fp32, every position's logits,
+fed_sophia with the GNB and the empirical-Fisher estimator, FederatedSFTTrainer with trl's fused head, 2 batched
+clients, FedPM), each the plan's total against the peak resident set during ``train()`` minus the resident set
+before the model was loaded. Last line: ``gemma_plan_over_measured mode=ratio ...``.
+
     python benchmarks/memory_plan.py [--sizes 1,2,4,8,16 --budget_mb 1024]
+    python benchmarks/memory_plan.py --gemma all       (8 runs of 1-5 minutes each on 2 CPU cores)
 """
 
 from __future__ import annotations
