@@ -55,7 +55,7 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   (benchmarks/memory_plan.py --gemma). The resident set also holds what libraries allocate outside torch's
   tensors (library buffers, the allocator's slack), which the plan does not count (a note says so): with the small
   fp32 Llama of benchmarks/memory_plan.py (30,522-token head, every position labelled) a fresh process's peak
-  resident set was 1.4-1.6x the plan while its tensors' peak was 0.97-1.00x; with Gemma-3-270M within 5 %.
+  resident set was 1.4-1.6x the plan while its tensors' peak was 0.97-1.00x; with Gemma-3-270M 0.93-1.07x.
   The largest batch is the one that holds the longest row: the collators pad a batch to its own longest row.
   Not counted, and said in the plan's notes (``unplanned_memory`` of the local optimizer): Sophia's Hutchinson
   estimator, whose second backward goes through the gradient's graph.
@@ -277,7 +277,7 @@ def plan_memory(trainer, run) -> MemoryPlan:
     trained = trainer.plan.trained()
     optimizer = algo.local_optimizer.state_bytes(trained)
     notes = ["not counted: memory outside torch's tensors (library buffers, the allocator's slack); on CPU the peak "
-             "resident set was 1.4-1.6x the plan for a small fp32 Llama, within 5 % for Gemma-3-270M "
+             "resident set was 1.4-1.6x the plan for a small fp32 Llama, 0.93-1.07x for Gemma-3-270M "
              "(benchmarks/memory_plan.py)"]
     if optimizer is None:
         notes.append(f"{algo.local_optimizer.cls.__name__} declares no state size (fedhf/optim/state_size.py): "
