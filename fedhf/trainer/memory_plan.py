@@ -51,14 +51,15 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   profiler) on the tiny Llama of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of
   the step): 3.0 logits-sized tensors with every position projected, 3.9 per client with 2 and 4 batched clients
   (also with 2 clients of the small Llama of benchmarks/memory_plan.py), 2.0 (+ the labelled rows) in the GNB
-  pass, 1.0 in FOOF's, 7.8 tiles in trl's head; and against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32
-  (benchmarks/memory_plan.py --gemma). The resident set also holds what libraries allocate outside torch's
+  pass, 1.0 in FOOF's, 7.8 tiles in trl's head; and against the peak resident set of Gemma-3-270M LoRA runs in
+  bf16 and fp32 (benchmarks/memory_plan.py --gemma). The resident set also holds what libraries allocate outside torch's
   tensors (library buffers, the allocator's slack), which the plan does not count (a note says so): with the small
   fp32 Llama of benchmarks/memory_plan.py (30,522-token head, every position labelled) a fresh process's peak
   resident set was 1.4-1.6x the plan while its tensors' peak was 0.97-1.00x; with Gemma-3-270M 0.93-1.07x.
   The largest batch is the one that holds the longest row: the collators pad a batch to its own longest row.
   Not counted, and said in the plan's notes (``unplanned_memory`` of the local optimizer): Sophia's Hutchinson
-  estimator, whose second backward goes through the gradient's graph.
+  estimator, whose second backward goes through the gradient's graph; FOOF's float64 Cholesky factors and a
+  preconditioned server's float64 solves (FedPM on Gemma-3-270M peaked 1.33x the plan).
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
