@@ -15,7 +15,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   residual of every model-change tensor the plan compresses (fedhf/trainer/compression.py; the residuals of
   compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so),
   x the clients that can take part (``num_clients``, at most ``clients_per_round`` x ``num_rounds`` under
-  fixed-size sampling: a client's state is stored when it first trains); capped by ``client_state_budget_mb`` (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
+  fixed-size sampling: a client's state is stored when it first trains); capped by ``client_state_budget_mb``
+  (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
   counted at that state's size), the optimizer's Theta for the drift metric and, when the state-sync rule averages
