@@ -6,13 +6,22 @@ MiniLM tokenizer's 30,522-token vocabulary, LoRA r16 on every linear layer, bloc
 bundled tweets), FedAvg with AdamW, one round of C clients, ``--local_steps`` steps of ``--batch`` rows. Each C runs
 in a fresh process; its peak is measured from the start of ``train()``: on CPU the resident-set high-water mark
 (``VmHWM``, reset through ``/proc/self/clear_refs`` just before ``train()``) minus the resident set at that moment;
-on a GPU ``torch.cuda.max_memory_allocated`` minus the allocation before ``train()``. The model is resident
-before ``train()`` in both, so the plan's comparable figure is its total without the model row.
+on a GPU ``torch.cuda.max_memory_allocated`` minus the allocation before ``train()``. On CPU also the peak of the
+tensors the run allocates (``peak_tensor_bytes``, torch's profiler: what the plan counts, without the memory
+libraries hold outside torch's tensors). The model is resident before ``train()`` in both, so the plan's
+comparable figure is its total without the model row.
 
 Last line: ``fit_under_budget budget=..MB planned=C measured=C`` (the largest C whose plan / measured peak stays
 under ``--budget_mb``; the sequential loop is C = 1).
 
+``--gemma all`` (or a comma-separated list of modes): Gemma-3-270M LoRA runs, one fresh process at a time, one per
+head mode and curvature estimator (``GEMMA_MODES``: labelled positions in bf16 and fp32, every position's logits,
+fed_sophia with the GNB and the empirical-Fisher estimator, FederatedSFTTrainer with trl's fused head, 2 batched
+clients, FedPM), each the plan's total against the peak resident set during ``train()`` minus the resident set
+before the model was loaded. Last line: ``gemma_plan_over_measured mode=ratio ...``.
+
     python benchmarks/memory_plan.py [--sizes 1,2,4,8,16 --budget_mb 1024]
+    python benchmarks/memory_plan.py --gemma all       (8 runs of 1-5 minutes each on 2 CPU cores)
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ def child(batched: int, opts) -> dict:
     from batched_clients import build
     from fedhf import FederatedConfig, FederatedTrainer
     from fedhf.data.demo import minilm_path
+    from fedhf.trainer.memory_plan import peak_tensor_bytes
     from llm import blocks
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -55,18 +65,20 @@ def child(batched: int, opts) -> dict:
                                save_strategy="no", partition_report=False, use_cpu=device == "cpu",
                                bf16=device == "cuda", seed=0)
         trainer = FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator)
+        tensors = None
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
+            trainer.train()
         else:
             with open("/proc/self/clear_refs", "w") as refs:
                 refs.write("5")  # resets VmHWM to the current resident set
             before = _status_kb("VmRSS") * 1024
-        trainer.train()
+            tensors = peak_tensor_bytes(trainer.train, os.path.join(out, "trace.json")) / 2**20
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
     plan = trainer.memory_plan
-    return {"C": batched, "measured_MB": (peak - before) / 2**20, "device": device,
+    return {"C": batched, "measured_MB": (peak - before) / 2**20, "device": device, "tensors_MB": tensors,
             "planned_MB": (plan.total_bytes - sum(plan.model_bytes.values())) / 2**20,
             "model_MB": sum(plan.model_bytes.values()) / 2**20,
             "rows_MB": {k: v / 2**20 for k, v in plan.rows().items()}}
@@ -93,7 +105,8 @@ def _gemma_settings(out: str, dtype, overrides: dict) -> dict:
     settings = dict(output_dir=out, report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
                     seed=0, num_clients=20, clients_per_round=2, num_rounds=1, local_steps=3, use_cpu=True,
                     per_device_train_batch_size=8, per_device_eval_batch_size=8, partition="dirichlet",
-                    partition_column="label", partition_report=False, learning_rate=1e-3, algorithm="fadam_gt", eval_every_rounds=0,
+                    partition_column="label", partition_report=False, learning_rate=1e-3, algorithm="fadam_gt",
+                    eval_every_rounds=0,
                     bf16=dtype == torch.bfloat16)
     return {**settings, **overrides}
 
@@ -165,9 +178,7 @@ def gemma_child(mode: str) -> dict:
     plan = trainer.memory_plan
     return {"mode": mode, "measured_MB": (peak_bytes - before_model) / 2**20, "planned_MB": plan.total_bytes / 2**20,
             "train_s": time.time() - start, "rows_MB": {k: v / 2**20 for k, v in plan.rows().items()},
-            "notes": plan.notes, "labelled_logits": trainer.labelled_logits, "vocabulary": len(tokenizer),
-            "longest": max(len(r) for r in trainer.client_data.train_data["input_ids"]),
-            "most_labels_in_a_row": max(sum(t != -100 for t in r[1:]) for r in trainer.client_data.train_data["labels"])}
+            "notes": plan.notes, "labelled_logits": trainer.labelled_logits}
 
 
 def _run_child(*flags: str) -> dict:
@@ -224,8 +235,11 @@ def main() -> None:
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
         rows.append(r := json.loads(done.stdout.strip().splitlines()[-1]))
+        tensors = "" if r["tensors_MB"] is None else (f"  tensors' peak {r['tensors_MB']:8.1f} MB, /planned "
+                                                       f"{r['tensors_MB'] / r['planned_MB']:.2f}")
         print(f"C={r['C']:2d}  planned {r['planned_MB']:8.1f} MB  measured peak {r['measured_MB']:8.1f} MB  "
-              f"measured/planned {r['measured_MB'] / r['planned_MB']:.2f}  (model {r['model_MB']:.1f} MB resident; "
+              f"measured/planned {r['measured_MB'] / r['planned_MB']:.2f}{tensors}  "
+              f"(model {r['model_MB']:.1f} MB resident; "
               f"activations {r['rows_MB']['activations']:.1f}, optimizer {r['rows_MB']['optimizer state']:.1f}, "
               f"adapter copies {r['rows_MB']['adapter copies']:.1f} MB)", flush=True)
     planned = max([r["C"] for r in rows if r["planned_MB"] <= opts.budget_mb], default=0)

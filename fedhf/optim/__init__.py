@@ -122,9 +122,10 @@ class LocalOptimizer:
         return self.federated and self.cls.exports_preconditioners
 
     @property
-    def logits_pass(self) -> bool:
-        """Whether a client's curvature pass differentiates every position's logits (Sophia's GNB estimator)."""
-        return self.federated and self.cls.logits_pass(**self.kwargs)
+    def logits_pass(self) -> Optional[str]:
+        """How a client's curvature pass runs every position's logits: "backward", "no_grad" or None
+        (:meth:`FederatedOptimizer.logits_pass`)."""
+        return self.cls.logits_pass(**self.kwargs) if self.federated else None
 
     @property
     def unplanned_memory(self) -> Optional[str]:

@@ -130,10 +130,11 @@ class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
         raise NotImplementedError(f"{cls.__name__} does not declare its state size")
 
     @classmethod
-    def logits_pass(cls, **kwargs: Any) -> bool:
-        """Whether this optimizer built with ``kwargs`` differentiates :attr:`ModelAccess.logits` of a training batch
-        (every position's logits, not cut to the labelled ones): the memory plan counts that pass."""
-        return False
+    def logits_pass(cls, **kwargs: Any) -> Optional[str]:
+        """How this optimizer built with ``kwargs`` runs :attr:`ModelAccess.logits` (every position's logits, not cut
+        to the labelled ones), which the memory plan counts: ``"backward"`` (differentiated: Sophia's GNB),
+        ``"no_grad"`` (a forward only: FOOF's statistics), or None (never)."""
+        return None
 
     @classmethod
     def unplanned_memory(cls, **kwargs: Any) -> Optional[str]:

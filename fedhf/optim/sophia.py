@@ -268,8 +268,8 @@ class Sophia(FederatedOptimizer):
             group["hessian_batch_size"] = batch_size
 
     @classmethod
-    def logits_pass(cls, **kwargs) -> bool:
-        return kwargs.get("hessian_estimator", "gnb") == "gnb"  # the others differentiate access.loss
+    def logits_pass(cls, **kwargs) -> Optional[str]:
+        return "backward" if kwargs.get("hessian_estimator", "gnb") == "gnb" else None  # the others: access.loss
 
     @classmethod
     def unplanned_memory(cls, **kwargs) -> Optional[str]:

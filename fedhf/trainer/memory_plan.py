@@ -14,7 +14,9 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   optimizer state), its personal tensors (fp32) and, with uplink compression and ``error_feedback``, the float64
   residual of every model-change tensor the plan compresses (fedhf/trainer/compression.py; the residuals of
   compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so),
-  x ``num_clients``; capped by ``client_state_budget_mb`` (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
+  x the clients that can take part (``num_clients``, at most ``clients_per_round`` x ``num_rounds`` under
+  fixed-size sampling: a client's state is stored when it first trains); capped by ``client_state_budget_mb``
+  (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
   counted at that state's size), the optimizer's Theta for the drift metric and, when the state-sync rule averages
@@ -36,20 +38,29 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
     the logits to fp32 and autograd keeps that copy, then the log-softmax's and the logits' gradients), at the
     labelled positions with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py; those of the
     ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch;
+    one more under ``batched_clients`` > 1 (per-row losses: a cross-entropy per token, then summed per row);
   - trl's fused LM head (FederatedSFTTrainer, trl >= 1.16), which never materialises the logits: its backward
     holds 8 fp32 tiles of at most 4,096 positions x 32,768 tokens (every position on CPU, the labelled ones where
     trl runs Triton), an fp32 copy of a 32,768-row slice of the head's weight and the hidden states' gradient;
-  - a local optimizer's curvature pass through ``ModelAccess.logits`` (``logits_pass``: Sophia's GNB estimator),
-    which projects every position: 2 logits-sized tensors in the head's dtype (the logits and the copy without each
-    row's last position; their gradients in the backward), then 4 fp32 ones at the labelled positions.
+  - a local optimizer's curvature pass through ``ModelAccess.logits`` (``logits_pass``), which projects every
+    position: differentiated (Sophia's GNB estimator), 2 logits-sized tensors in the head's dtype (the logits and
+    the copy without each row's last position; their gradients in the backward), then 4 fp32 ones at the
+    labelled positions; a forward only (FOOF's statistics, FedPM), 1 logits-sized tensor, less the activations
+    (a no-grad forward keeps none).
 
-  The constants were measured as the peak of the tensors the run allocates (torch's profiler), on the tiny Llama
-  of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of the step): 3.0 logits-sized
-  tensors with every position projected, 2.0 (+ the labelled rows) in the GNB pass, 7.8 tiles in trl's head; and
-  against the peak resident set of Gemma-3-270M LoRA runs in bf16 and fp32 (benchmarks/memory_plan.py --gemma).
+  The constants were measured as the peak of the tensors a run allocates (``peak_tensor_bytes``, torch's
+  profiler) on the tiny Llama of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of
+  the step): 3.0 logits-sized tensors with every position projected, 3.9 per client with 2 and 4 batched clients
+  (also with 2 clients of the small Llama of benchmarks/memory_plan.py), 2.0 (+ the labelled rows) in the GNB
+  pass, 1.0 in FOOF's, 7.8 tiles in trl's head; and against the peak resident set of Gemma-3-270M LoRA runs in
+  bf16 and fp32 (benchmarks/memory_plan.py --gemma). The resident set also holds what libraries allocate outside torch's
+  tensors (library buffers, the allocator's slack), which the plan does not count (a note says so): with the small
+  fp32 Llama of benchmarks/memory_plan.py (30,522-token head, every position labelled) a fresh process's peak
+  resident set was 1.4-1.6x the plan while its tensors' peak was 0.97-1.00x; with Gemma-3-270M 0.93-1.07x.
   The largest batch is the one that holds the longest row: the collators pad a batch to its own longest row.
   Not counted, and said in the plan's notes (``unplanned_memory`` of the local optimizer): Sophia's Hutchinson
-  estimator, whose second backward goes through the gradient's graph.
+  estimator, whose second backward goes through the gradient's graph; FOOF's float64 Cholesky factors and a
+  preconditioned server's float64 solves (FedPM on Gemma-3-270M peaked 1.33x the plan).
 
 Activations (what the forward keeps for the backward), in elements per token of a micro-batch of T tokens
 (``per_device_train_batch_size`` x the longest ``input_ids`` row), for a transformer with L layers, hidden h,
@@ -76,9 +87,10 @@ logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares t
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import datasets
 import numpy as np
@@ -91,14 +103,10 @@ from transformers import PreTrainedModel
 from ..compression import parse_plan
 from ..core.params import num_bytes
 from .compression import compressed_model_change
+from .head_memory import (HeadShape, cross_entropy_bytes, fused_head_bytes, logits_pass_bytes,
+                          trl_scores_labelled_only)
 
 GIB = 2**30
-#: fp32 logits-sized tensors a step holds at once around a cross-entropy (module docstring, row "logits")
-LOSS_LOGITS = 3
-#: trl 1.16's tiles (trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE, trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE)
-TRL_TOKEN_TILE, TRL_VOCAB_TILE = 4096, 32768
-#: fp32 tile-sized tensors trl's fused head holds at once (module docstring, row "logits")
-FUSED_TILES = 8
 
 
 @dataclass
@@ -270,7 +278,9 @@ def plan_memory(trainer, run) -> MemoryPlan:
     args, algo, model = trainer.args, trainer.algorithm, trainer.model
     trained = trainer.plan.trained()
     optimizer = algo.local_optimizer.state_bytes(trained)
-    notes = []
+    notes = ["not counted: memory outside torch's tensors (library buffers, the allocator's slack); on CPU the peak "
+             "resident set was 1.4-1.6x the plan for a small fp32 Llama, 0.93-1.07x for Gemma-3-270M "
+             "(benchmarks/memory_plan.py)"]
     if optimizer is None:
         notes.append(f"{algo.local_optimizer.cls.__name__} declares no state size (fedhf/optim/state_size.py): "
                      "its optimizer state is not counted")
@@ -292,8 +302,7 @@ def plan_memory(trainer, run) -> MemoryPlan:
         optimizer_bytes_per_client=optimizer,
         run_state_bytes=sum(num_bytes(group) for group in run.tensor_groups().values()),
         client_store_bytes_per_client=per_client,
-        stored_clients=-(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
-        if per_client else 0,
+        stored_clients=_stored_clients(trainer) if per_client else 0,
         client_store_cap_bytes=None if args.client_state_budget_mb is None
         else int(args.client_state_budget_mb * 2**20),
         activation_bytes_per_client=activations, logits_bytes_per_client=logits,
@@ -302,6 +311,16 @@ def plan_memory(trainer, run) -> MemoryPlan:
         best_round_bytes=4 * sum(t.numel() for group in (run.global_params, run.global_buffers, trainer.plan.personal)
                                  for t in group.values()) if args.load_best_model_at_end else 0,
         merged_copy_bytes=sum(model_bytes(model).values()) if trainer.base_fold.layers else 0, notes=notes)
+
+
+def _stored_clients(trainer) -> int:
+    """The clients whose state this process can hold: a client's state is stored when it first trains, so at most
+    ``clients_per_round`` x ``num_rounds`` under fixed-size sampling (Poisson sampling has no such bound)."""
+    args = trainer.args
+    here = -(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
+    if args.client_sampling != "fixed":
+        return here
+    return min(here, (args.clients_per_round or args.num_clients) * args.num_rounds)
 
 
 def error_feedback_bytes(args, shared) -> int:
@@ -355,69 +374,37 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     rows = -(-args.per_device_train_batch_size // shards)
     labelled = _most_labels(data, rows)
     head = HeadShape(rows, lengths, labelled, vocabulary, model.config.hidden_size, half_logits)
-    loss = (fused_head_bytes(head, _trl_scores_labelled_only(args)) if trainer.fused_lm_head
-            else cross_entropy_bytes(head, trainer.labelled_logits))
-    curvature = logits_pass_bytes(head) if trainer.algorithm.local_optimizer.logits_pass else 0
+    loss = (fused_head_bytes(head, trl_scores_labelled_only(args)) if trainer.fused_lm_head
+            else cross_entropy_bytes(head, trainer.labelled_logits, args.batched_clients > 1))
+    activations = elements * size * rows * lengths
+    kind = trainer.algorithm.local_optimizer.logits_pass
+    curvature = 0 if kind is None else logits_pass_bytes(head, kind)
+    if kind == "no_grad":  # a forward only: nothing kept for a backward, so the step's activations are not held
+        curvature -= activations
     if trainer.fused_lm_head:
         notes.append("logits: trl's fused LM head, planned from its tile sizes (trl 1.16)")
     if curvature > loss:
         notes.append("logits: the local optimizer's curvature pass (every position's logits) is larger than the loss's")
-    return elements * size * rows * lengths, max(loss, curvature)
+    return activations, max(loss, curvature)
 
 
-@dataclass(frozen=True)
-class HeadShape:
-    """The worst micro-batch's head: ``rows`` rows padded to ``length`` tokens (the collators pad a batch to its
-    longest row, so the batch holding the longest row is the largest), ``labelled`` labelled positions at most
-    (the rows with the most labels; None without a per-token ``labels`` column), a vocabulary of ``vocabulary``
-    after a hidden state of ``hidden``, logits in half precision (``half``) or fp32."""
+def peak_tensor_bytes(run: Callable[[], object], trace_path: str) -> int:
+    """What the plan counts, measured: the most bytes of CPU tensors that ``run()`` allocated and held at once, from
+    torch's profiler ("Total Allocated" at every allocation and free; its trace is written to ``trace_path``).
+    Neither other processes nor memory a warm heap reuses disturb it, as they do a resident-set peak; memory a
+    library allocates outside torch's allocator (BLAS buffers) is not in it."""
+    from torch.profiler import ProfilerActivity, profile
 
-    rows: int
-    length: int
-    labelled: Optional[int]
-    vocabulary: int
-    hidden: int
-    half: bool
-
-    @property
-    def every(self) -> int:
-        return self.rows * self.length
-
-    @property
-    def scored(self) -> int:
-        return self.every if self.labelled is None else self.labelled
-
-
-def cross_entropy_bytes(head: HeadShape, labelled_only: bool) -> int:
-    """A causal LM's loss over materialised logits: ``LOSS_LOGITS`` fp32 logits-sized tensors at the labelled
-    positions (``logits_at_labels_only``) or at every position."""
-    return LOSS_LOGITS * (head.scored if labelled_only else head.every) * head.vocabulary * 4
-
-
-def logits_pass_bytes(head: HeadShape) -> int:
-    """Sophia's GNB pass through ``ModelAccess.logits`` (fedhf/optim/sophia.py): every position's logits in the
-    head's dtype and the copy that drops each row's last one (their two gradients in the backward), then the
-    labelled rows in fp32 (the upcast, the softmax, the log-softmax and its gradient)."""
-    return 2 * head.every * head.vocabulary * (2 if head.half else 4) + 4 * head.scored * head.vocabulary * 4
-
-
-def fused_head_bytes(head: HeadShape, labelled_only: bool) -> int:
-    """trl's fused LM head (trl.kernels.chunked_logprob, trl 1.16): the positions' log-probabilities computed in
-    tiles of at most ``TRL_TOKEN_TILE`` positions x ``TRL_VOCAB_TILE`` tokens; ``FUSED_TILES`` fp32 tile-sized
-    tensors at once in its backward on CPU, beside the fp32 copy of a vocabulary slice of the head's weight and
-    the fp32 gradient of the hidden states. Every position is scored, or only the labelled ones where trl runs
-    its Triton kernels (``labelled_only``)."""
-    positions = head.scored if labelled_only else head.rows * max(head.length - 1, 0)
-    vocab_tile = min(head.vocabulary, TRL_VOCAB_TILE)
-    tile = min(positions, TRL_TOKEN_TILE) * vocab_tile
-    return 4 * (FUSED_TILES * tile + vocab_tile * head.hidden + positions * head.hidden)
-
-
-def _trl_scores_labelled_only(args) -> bool:
-    """trl scores only the labelled positions where it runs Triton (CUDA, XPU), every position elsewhere."""
-    from transformers.utils import is_triton_available
-
-    return args.device.type in ("cuda", "xpu") and is_triton_available()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        run()
+    profiler.export_chrome_trace(str(trace_path))
+    with open(trace_path) as trace:
+        events = [e["args"] for e in json.load(trace)["traceEvents"]
+                  if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
+    if not events:
+        return 0
+    before = events[0]["Total Allocated"] - events[0]["Bytes"]  # what earlier code still held when profiling began
+    return max(e["Total Allocated"] for e in events) - before
 
 
 def _floating_size(model: torch.nn.Module) -> int:
@@ -461,4 +448,4 @@ def _column(data: datasets.Dataset, name: str) -> pa.ChunkedArray:
 
 
 __all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes",
-           "plan_memory"]
+           "peak_tensor_bytes", "plan_memory"]

@@ -154,6 +154,7 @@ def test_the_memory_plan_shows_the_logits_and_bounds_what_autograd_keeps(gemma_d
     """The 262 K vocabulary makes the logits the largest activation of a step that projects every position; the
     plan's activations plus its kept logits bound what autograd keeps for the backward of the plan's micro-batch
     (the longest row, padded), within 35 %, with the head at every position and at the labelled ones only."""
+    from fedhf.trainer.head_memory import LOSS_LOGITS
     from tests.trainer.test_memory_plan import _saved_for_backward
 
     rows = tweets["train"].select(range(8))
@@ -168,7 +169,7 @@ def test_the_memory_plan_shows_the_logits_and_bounds_what_autograd_keeps(gemma_d
                                    data_collator=SFTCollator(gemma_tokenizer))
         trainer.train()
         plan = trainer.memory_plan
-        kept_logits = plan.logits_bytes / 5  # of the row: kept, and 4 around the loss
+        kept_logits = plan.logits_bytes / LOSS_LOGITS  # of the row: the fp32 copy kept, and 2 around the loss
         if not labelled:
             assert plan.logits_bytes > plan.activation_bytes and "logits" in str(plan)
         measured = _saved_for_backward(trainer.model, at_labelled_positions(batch) if labelled else batch)

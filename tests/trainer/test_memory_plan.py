@@ -3,7 +3,6 @@ matches what autograd really keeps, and a plan over ``memory_budget_gb`` is refu
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -14,7 +13,7 @@ from fedhf.data.sft import SFTCollator
 from fedhf.data.demo import load_tweets, tiny_llama
 from fedhf.core.sums import RoundSums
 from fedhf.trainer.compression import RESIDUAL
-from fedhf.trainer.memory_plan import GIB, activation_elements_per_token, autocast_copy_bytes
+from fedhf.trainer.memory_plan import GIB, activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
 
 from tests.helpers import config, tiny_llama_lora, trainable_state, tweet_sft
 
@@ -57,14 +56,14 @@ def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, token
     assert plan.run_state_bytes == 2 * 4 * lora_elements
     # activations, by hand for this tiny Llama (L=2 layers, h=64, MLP i=128, V=30,522 logits; fp32; no
     # checkpointing): L (8 h + 4 i) + h elements per token, x 4 bytes x 4 rows x the longest row; the logits: V per
-    # logit position, 3 fp32 copies, at the labelled positions only (the 4 rows with the most labels after their
-    # first token)
+    # logit position, 3 fp32 copies (4 for batched clients), at the labelled positions only (the 4 rows with the
+    # most labels after their first token)
     tokens = 4 * max(len(row) for row in sft["train"]["input_ids"])
     most_labels = sum(sorted(sum(label != -100 for label in row[1:]) for row in sft["train"]["labels"])[-4:])
     assert 0 < most_labels < tokens // 8
     assert len(tokenizer) == 30522 and trainer.model.config.intermediate_size == 128
     assert plan.activation_bytes == (2 * (8 * 64 + 4 * 128) + 64) * 4 * tokens * batched
-    assert plan.logits_bytes == 3 * 30522 * 4 * most_labels * batched
+    assert plan.logits_bytes == (3 + (batched > 1)) * 30522 * 4 * most_labels * batched  # 1 more: per-row losses
     assert plan.autocast_copy_bytes == 0  # fp32, no autocast
     # the round's float64 sums, measured on RoundSums itself: dx, SCAFFOLD's dc and AdamW's exp_avg_sq (its
     # Theta) per LoRA element; the plan counts Theta at the whole AdamW state (8 bytes + a step per tensor)
@@ -127,6 +126,14 @@ def test_a_client_state_budget_caps_the_store_row(tmp_path, tokenizer, sft):
     trainer.train()
     assert trainer.memory_plan.client_store_bytes == int(0.01 * 2**20)
     assert trainer.memory_plan.client_store_bytes_per_client * 4 > int(0.01 * 2**20)
+
+
+def test_the_store_row_counts_only_the_clients_that_can_have_trained(tmp_path, tokenizer, sft):
+    """A client's state is stored when it first trains: 1 round of 2 of 8 clients stores 2 SCAFFOLD c_i, not 8."""
+    trainer = _trainer(tmp_path, tokenizer, sft, num_clients=8, clients_per_round=2)
+    trainer.train()
+    plan = trainer.memory_plan
+    assert plan.stored_clients == 2 and trainer.client_store.resident_bytes == plan.client_store_bytes > 0
 
 
 @pytest.mark.parametrize("uplink", ["int8", "lora_A=int8"])
@@ -241,28 +248,16 @@ def test_the_plan_reads_the_rows_a_select_keeps_not_the_table_beneath():
     assert (_longest_row(kept), _most_labels(kept, 1), _most_labels(kept, 3)) == (4, 2, 3)
 
 
-def peak_allocation(run, trace_path) -> int:
-    """The most bytes of tensors that ``run()`` allocated and held at once: torch's CPU allocator as its profiler
-    counts it ("Total Allocated" at every allocation and free), i.e. this run's own tensors, which neither other
-    processes nor memory a warm heap reuses disturb (a resident-set peak is both)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
-        run()
-    profiler.export_chrome_trace(str(trace_path))
-    with open(trace_path) as trace:
-        events = [e["args"] for e in json.load(trace)["traceEvents"]
-                  if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
-    before = events[0]["Total Allocated"] - events[0]["Bytes"]  # what other code still held when profiling began
-    return max(e["Total Allocated"] for e in events) - before
-
-
 #: head modes and estimators the plan covers -> FederatedConfig overrides ("sft": FederatedSFTTrainer, trl's loss)
 MODES = {
     "labelled positions": {},
     "every position": {"logits_at_labels_only": False},
-    "sophia gnb": {"algorithm": "fed_sophia", "local_optimizer": "sophia"},
-    "sophia empirical fisher": {"algorithm": "fed_sophia", "local_optimizer": "sophia",
+    "sophia gnb": {"algorithm": "fed_sophia", "local_optimizer": None},
+    "sophia empirical fisher": {"algorithm": "fed_sophia", "local_optimizer": None,
                                 "local_optimizer_kwargs": {"hessian_estimator": "empirical_fisher"}},
+    "fedpm (foof statistics)": {"algorithm": "fedpm", "local_optimizer": None},
     "batched clients": {"batched_clients": 2},
+    "batched clients, every position": {"batched_clients": 2, "logits_at_labels_only": False},
     "sft": {},
 }
 
@@ -271,8 +266,8 @@ MODES = {
 def test_the_plan_is_within_a_quarter_of_the_measured_peak(mode, tmp_path, tokenizer, sft):
     """Every head mode and curvature estimator: the plan beyond the resident model is 0.8-1.25x the tensors the run
     held at once (measured: 0.91-1.11). The tiny Llama's 30,522-token vocabulary makes the logits most of the step,
-    so a miscounted head (the loss's transient copies, Sophia's pass over every position's logits, trl's tiles)
-    shows."""
+    so a miscounted head (the loss's transient copies, Sophia's and FOOF's passes over every position's logits,
+    trl's tiles) shows."""
     settings = {**dict(algorithm="fedavg", local_optimizer="adamw", num_clients=2, clients_per_round=2, num_rounds=1,
                        local_steps=2, per_device_train_batch_size=4, partition="iid", learning_rate=1e-3,
                        partition_report=False), **MODES[mode]}
@@ -290,7 +285,7 @@ def test_the_plan_is_within_a_quarter_of_the_measured_peak(mode, tmp_path, token
         assert trainer.fused_lm_head  # trl >= 1.16: the loss never materialises the logits
     else:
         trainer = _trainer(tmp_path, tokenizer, sft, **settings)
-    measured = peak_allocation(trainer.train, tmp_path / "trace.json")
+    measured = peak_tensor_bytes(trainer.train, tmp_path / "trace.json")
     plan = trainer.memory_plan
     assert plan.logits_bytes > plan.activation_bytes  # the head dominates: the case the plan must get right
     assert 0.8 <= (plan.total_bytes - sum(plan.model_bytes.values())) / measured <= 1.25
