@@ -119,11 +119,27 @@ def markdown(rows: dict, majority: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_table(rows: dict) -> str:
+    """The compact table README.md shows (copied from the result file)."""
+    lines = ["| algorithm | lr | test accuracy after round 8 | eval loss | seeds done | validation accuracy "
+             "(x1/3, x1, x3) |", "|---|---|---|---|---|---|"]
+    for row in rows.values():
+        done = sum(1 for f in row["seeds"].values() if f)
+        chosen = row["status"] == "chosen"
+        status = f"{done} of {len(SEEDS)}" if chosen else ("pending" if not done else
+                                                            "1 of 3 (seed 0 at the default lr; bracket pending)")
+        bracket_cells = ", ".join(f"{v['eval_generation_accuracy']:.2f}" if v else "pending"
+                                  for _, v in sorted(row["bracket"].items()))
+        lines.append(f"| {row['name']} | {row['lr']:.3g} ({'chosen' if chosen else 'default'}) | {row['accuracy']} "
+                     f"| {row['eval_loss']} | {status} | {bracket_cells} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     rows = {name: summarize(name) for name in ALGORITHMS}
     majority = majority_accuracy()
     with open(OUT + ".md", "w") as f:
-        f.write(markdown(rows, majority))
+        f.write(markdown(rows, majority) + "\n## Summary (the table of README.md)\n\n" + summary_table(rows))
     write_json_atomic({"task": TASK, "majority_accuracy": majority,
                        "algorithms": {n: {k: v for k, v in r.items() if k != "records"} for n, r in rows.items()}},
                       OUT + ".json")
