@@ -70,8 +70,9 @@ def at_labelled_positions(inputs: Mapping) -> Mapping:
 
 
 # The labelled-positions head is used while the most-labelled row of a batch has at most this share of its
-# positions labelled; above it the full head is used. Measured on CPU (benchmarks/labelled_head.py): the
-# gathers cost a few % at every share, so the head pays off until nearly every position is kept.
+# positions labelled; above it the full head is used. Measured on CPU (benchmarks/labelled_head.py, a step of a
+# 4-layer Llama with a 30,522-token vocabulary): full over labelled 3.80x at 5 % labelled, 1.55x at 50 %, 1.03x
+# at 90 %, 0.96x at 100 % (the gathers then save nothing and cost a little).
 FULL_HEAD_ABOVE = 0.9
 
 

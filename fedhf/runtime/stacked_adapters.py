@@ -146,8 +146,9 @@ class BlockLinear(torch.autograd.Function):
     None -> (C, N, out). The backward is linear's, batched over clients with the same operands in the same order
     (grad weight = g^T x, grad input = g W, grad bias = g summed over rows): autograd's own backward of ``bmm``
     would form x^T g instead, whose rounding differs, and Muon's orthogonalisation turns a rounding difference
-    in a weak gradient direction into a visible one. So a client's gradient here is the one it gets trained alone
-    (bitwise, on CPU, for blocks without padding rows). Under autocast the operands are cast as autocast casts
+    in a weak gradient direction into a visible one (fedpac_muon then missed sequential training by more than
+    2e-5). With the same products, a client's gradient matches the one it gets trained alone bit for bit in most
+    shapes on CPU, else to the last bits where the batched kernel blocks differently. Under autocast the operands are cast as autocast casts
     ``F.linear``'s, and each gradient goes back in its tensor's own dtype."""
 
     @staticmethod

@@ -182,7 +182,7 @@ def test_positions_are_fixed_size_gathers_in_order_with_ignored_padding():
 
 
 class _Ops(TorchDispatchMode):
-    """The aten ops a block runs, with whether an index argument was boolean (a mask: a data-dependent shape)."""
+    """The aten ops a block runs, and those indexed by a boolean mask (a data-dependent shape)."""
 
     def __init__(self):
         super().__init__()
@@ -191,8 +191,8 @@ class _Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         self.names.append(name)
-        flat = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
-        if name.startswith("index") and any(torch.is_tensor(a) and a.dtype == torch.bool for a in flat):
+        indices = args[1] if name in ("index", "index_put", "index_put_") and len(args) > 1 else ()
+        if any(torch.is_tensor(i) and i.dtype == torch.bool for i in indices):  # a mask as the index, not the data
             self.masked.append(name)
         if name == "_local_scalar_dense":  # a tensor read on the host: only transformers' own attention-mask
             files = [frame.filename for frame in traceback.extract_stack()]  # check (Trainer's step makes it too)
