@@ -20,6 +20,12 @@ def projects_labelled_positions_only(trainer) -> bool:
             and predicts_at_positions(trainer.model))
 
 
+def own_loss(trainer) -> bool:
+    """Whether ``trainer`` computes its loss with :class:`LabelledPositionsLoss`'s ``compute_loss`` (no subclass
+    override, which gets what it gets under Trainer: every position's logits)."""
+    return type(trainer).compute_loss is LabelledPositionsLoss.compute_loss
+
+
 class LabelledPositionsLoss:
     """Trainer's ``compute_loss`` and ``prediction_step``, with a causal LM's inputs cut to its labelled positions
     when ``self.labelled_logits`` (set by :func:`projects_labelled_positions_only`). A base of FederatedTrainer
@@ -41,7 +47,6 @@ class LabelledPositionsLoss:
         ``return_outputs=True``, and it gets what it gets under Trainer, every position's logits (a weighted loss,
         an auxiliary term read them). Training is unaffected: an override that calls ``super().compute_loss`` gets
         the cut there, one that runs the model itself its full inputs."""
-        own_loss = type(self).compute_loss is LabelledPositionsLoss.compute_loss
-        if self.labelled_logits and prediction_loss_only and own_loss:
+        if self.labelled_logits and prediction_loss_only and own_loss(self):
             inputs = at_labelled_positions(inputs)
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)

@@ -25,6 +25,7 @@ from ..optim import ModelAccess, OptimizerHooks
 from ..runtime.labelled_logits import at_labelled_positions
 from ..runtime.model_outputs import loss_items
 from .hooks import ClientMessages
+from .labelled_positions import own_loss
 
 logger = logging.get_logger(__name__)
 Backward = Callable[[List[List[dict]]], Sequence]  # each client's step micro-batches -> each client's step loss
@@ -147,8 +148,9 @@ class LocalSteps:
     def _head_at_labels(self, batch: dict) -> dict:
         """The host batch with its labelled positions chosen (fixed-size gathers, fedhf/runtime/labelled_logits.py)
         when the trainer projects only those: chosen here, before the batch moves, the device is never read for a
-        shape (``compute_loss`` leaves positions already chosen alone)."""
-        return at_labelled_positions(batch) if self.trainer.labelled_logits else batch
+        shape (``compute_loss`` leaves positions already chosen alone). A subclass's ``compute_loss`` override gets the
+        batch whole, as under Trainer; one that calls ``super().compute_loss`` gets the cut there."""
+        return at_labelled_positions(batch) if self.trainer.labelled_logits and own_loss(self.trainer) else batch
 
     def finish(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: float,
                buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:

@@ -98,7 +98,8 @@ def test_every_allowed_causal_lm_gives_its_own_loss():
         assert type(model).__name__ == name and predicts_at_positions(model), name
         with torch.no_grad():
             full, kept = model(**batch), model(**at_labelled_positions(batch))
-        assert kept.logits.shape[0] == int(labels[:, 1:].ne(-100).sum()), name  # the cut was taken
+        most = int(labels[:, 1:].ne(-100).sum(1).max())  # a row's labelled positions, at most
+        assert kept.logits.shape[:2] == (3, most) and most < ids.shape[1], name  # the cut was taken
         torch.testing.assert_close(kept.loss, full.loss, rtol=1e-5, atol=1e-6, msg=name)
 
 

@@ -1,6 +1,6 @@
 """The round-hook protocol (fedhf/trainer/hooks.py), checked on every hook a run builds and on the user-written one of
 examples/round_hook_update_norms.py: each overridden event keeps the protocol's signature, ``select_clients``
-answers distinct clients of the run (a subsequence of those it was given; here the clock's deadline policy), ``on_client_message`` returns client messages, and a hook's
+answers distinct clients of the run (a subsequence of those it was given), ``on_client_message`` returns client messages, and a hook's
 checkpoint state is JSON plus named tensor groups that ``restore_state`` reads back to the same state."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def trained(minilm, tweets, tokenizer, tmp_path_factory):
 
     args = config(tmp_path_factory.mktemp("conformance"), num_clients=6, clients_per_round=3, num_rounds=2,
                   local_steps=1, save_every_rounds=1, eval_every_rounds=1, metric_for_best_model="eval_loss",
-                  clock_profile="lognormal", round_policy="deadline", round_deadline_s=10.0, over_selection=0.5,
+                  clock_profile="lognormal", round_policy="deadline", round_deadline_s=10.0,
                   client_sampling="poisson", uplink_compression="int8", dp_mode="central", dp_clip_norm=1.0,
                   dp_noise_multiplier=0.5, per_device_train_batch_size=8)
     tweets = {"train": tweets["train"].select(range(240)), "test": tweets["test"].select(range(32))}
