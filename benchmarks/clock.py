@@ -125,7 +125,7 @@ def plot(records: dict, path: str) -> None:
                     label=name if i == 0 else None, markersize=3)
     ax.set_xlabel("simulated seconds")
     ax.set_ylabel("eval accuracy (200 held-out tweets)")
-    ax.set_title("FedAvg policies and FedBuff FAdam-GT on log-normal devices (one line per seed)")
+    ax.set_title("Round policies on log-normal devices (one line per seed)", fontsize="medium")
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
