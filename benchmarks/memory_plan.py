@@ -50,7 +50,7 @@ def child(batched: int, opts) -> dict:
     from batched_clients import build
     from fedhf import FederatedConfig, FederatedTrainer
     from fedhf.data.demo import minilm_path
-    from fedhf.trainer.memory_plan import peak_tensor_bytes
+    from fedhf.runtime.model_memory import peak_tensor_bytes
     from llm import blocks
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -18,7 +18,6 @@ A round, top to bottom (docs/algorithms.md section 4)::
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from dataclasses import replace
@@ -28,7 +27,6 @@ import datasets
 import numpy as np
 import torch
 from transformers import Trainer
-from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
@@ -60,8 +58,8 @@ from .llm_guidance import warn_sgd_lr
 from .local_steps import LocalSteps, faulty
 from .loss_scaling import LossScale
 from .memory_plan import check_budget, plan_memory
-from .hub import saved_model, write_model_card
 from .outputs import HISTORY_FILE, restore_run
+from .published import PublishedModel
 from .runners import choose_runner
 from .server_needs import base_fold, gathering
 from .settings import expose_rounds_to_callbacks, should_evaluate, should_log, should_save
@@ -69,7 +67,7 @@ from .settings import expose_rounds_to_callbacks, should_evaluate, should_log, s
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(LabelledPositionsLoss, Trainer):
+class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -85,7 +83,6 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
     of its rows, never trained on; empty when the fraction is 0), for a personalised evaluation.
     """
 
-    loaded_best_round = None  # the round load_best_model_at_end loaded at the end of train(), if it did
     fused_lm_head = False  # True where the loss projects the head in tiles (trl's; the memory plan reads it)
 
     def __init__(self, model=None, args: Optional[FederatedConfig] = None, *trainer_args,
@@ -352,63 +349,3 @@ class FederatedTrainer(LabelledPositionsLoss, Trainer):
 
     def _faulty(self, loss_sum: float, delta: Dict[str, torch.Tensor]) -> Optional[str]:
         return faulty(loss_sum, delta, self.args.max_update_norm)
-
-    # ------------------------------------------------------------------ outputs: Trainer's saving, overridden
-    def create_model_card(self, *args, **kwargs) -> None:
-        """The federated model card (fedhf/trainer/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
-        if self.is_world_process_zero():
-            self._write_card(self.args.output_dir)
-
-    def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
-        """Trainer's save_model (and so push_to_hub), then the federated card beside the weights/adapter (replacing
-        peft's card). What is written is :meth:`published_model`: the model ``evaluate()`` evaluates."""
-        super().save_model(output_dir, _internal_call)
-        if self.is_world_process_zero():
-            self._write_card(output_dir or self.args.output_dir)
-
-    def published_model(self):
-        """The model that save_model(), push_to_hub() and the round checkpoints' model/ write.
-
-        A server rule that folds into the base (FedEx-LoRA, FLoRA) has changed frozen base weights that a peft
-        adapter does not carry: the adapter alone would reload onto the original base as another model (under
-        FLoRA, the untrained base). So it is the full model with the adapter merged, W + s B A (peft's
-        ``merge_and_unload`` on a copy: the resident model keeps training), which loads with
-        ``AutoModelFor*.from_pretrained``. Otherwise it is the resident model (a peft adapter or full weights)."""
-        if not self.base_fold.layers:
-            return self.model
-        return copy.deepcopy(self.model).merge_and_unload()
-
-    def _save(self, output_dir: Optional[str] = None, state_dict=None) -> None:
-        """Trainer's ``_save`` of :meth:`published_model` (see there); the merged model is written as Trainer writes
-        a model (weights as safetensors, config, processing class, training_args.bin)."""
-        if not self.base_fold.layers:
-            return super()._save(output_dir, state_dict)
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
-            return None
-        os.makedirs(output_dir, exist_ok=True)
-        self._write_published(output_dir)
-        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
-        return None
-
-    def _write_published(self, directory: str) -> None:
-        """:meth:`published_model` as safetensors, with the tokenizer/processor."""
-        self.published_model().save_pretrained(directory, safe_serialization=True)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(directory)
-
-    def _write_model(self, directory: str) -> None:
-        """The global model as ``save_model`` writes it (:meth:`published_model`: a peft adapter, full weights, or
-        the merged model of a rule that folds into the base) as safetensors, with its tokenizer/processor; unlike
-        ``save_model`` it writes no pickled training_args.bin."""
-        self._write_published(os.path.join(directory, "model"))
-        self._write_card(os.path.join(directory, "model"), latest=True)
-
-    def _write_card(self, directory: str, latest: bool = False) -> None:
-        """The card of the resident model: the best round's when ``load_best_model_at_end`` loaded it, else (and
-        with ``latest``: a round checkpoint's) the last round's."""
-        os.makedirs(directory, exist_ok=True)
-        round_index = None if latest else self.loaded_best_round
-        saved = saved_model(self.model, bool(self.base_fold.layers), round_index)
-        write_model_card(directory, self.args, self.algorithm, self.partition_summary, self.federated_history,
-                         self.model, saved)

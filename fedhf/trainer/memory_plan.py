@@ -48,7 +48,7 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
     labelled positions; a forward only (FOOF's statistics, FedPM), 1 logits-sized tensor, less the activations
     (a no-grad forward keeps none).
 
-  The constants were measured as the peak of the tensors a run allocates (``peak_tensor_bytes``, torch's
+  The constants were measured as the peak of the tensors a run allocates (``fedhf.runtime.model_memory.peak_tensor_bytes``, torch's
   profiler) on the tiny Llama of tests/trainer/test_memory_plan.py (V = 30,522, fp32, where the head is most of
   the step): 3.0 logits-sized tensors with every position projected, 3.9 per client with 2 and 4 batched clients
   (also with 2 clients of the small Llama of benchmarks/memory_plan.py), 2.0 (+ the labelled rows) in the GNB
@@ -87,10 +87,8 @@ logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares t
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import datasets
 import numpy as np
@@ -102,6 +100,7 @@ from transformers import PreTrainedModel
 
 from ..compression import parse_plan
 from ..core.params import num_bytes
+from ..runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, floating_size, model_bytes
 from .compression import compressed_model_change
 from .head_memory import (HeadShape, cross_entropy_bytes, fused_head_bytes, logits_pass_bytes,
                           trl_scores_labelled_only)
@@ -204,48 +203,6 @@ def _mb(nbytes: float) -> str:
         if nbytes >= size:
             return f"{nbytes / size:,.1f} {unit}"
     return f"{int(nbytes)} B"
-
-
-def model_bytes(model: torch.nn.Module) -> Dict[str, int]:
-    """Bytes of the model's parameters and buffers by dtype, each storage once (tied weights), quantised
-    bitsandbytes weights at their stored size plus their quantisation constants (``absmax``...)."""
-    out: Dict[str, int] = {}
-    seen = set()
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if tensor.device.type != "meta":
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype)
-            if key in seen:
-                continue
-            seen.add(key)
-        dtype = str(tensor.dtype).replace("torch.", "")
-        out[dtype] = out.get(dtype, 0) + tensor.numel() * tensor.element_size()
-        for name, extra in quantisation_constants(tensor).items():
-            out[name] = out.get(name, 0) + extra
-    return out
-
-
-def quantisation_constants(tensor: torch.Tensor) -> Dict[str, int]:
-    """The constants a bitsandbytes 4-bit weight keeps beside its packed bytes (absmax, and its own absmax under
-    double quantisation), by dtype; {} for every other tensor."""
-    bnb = sys.modules.get("bitsandbytes")  # not loaded: no quantised weights either
-    if bnb is None or not isinstance(tensor, bnb.nn.Params4bit) or tensor.quant_state is None:
-        return {}
-    state, out = tensor.quant_state, {}
-    for part in (state.absmax, state.code, *((state.state2.absmax, state.state2.code) if state.nested else ())):
-        dtype = str(part.dtype).replace("torch.", "")
-        out[dtype] = out.get(dtype, 0) + part.numel() * part.element_size()
-    return out
-
-
-def activation_elements_per_token(config, checkpointing: bool, logits_width: int) -> Optional[int]:
-    """The formula of the module docstring; None for a config without hidden_size / num_hidden_layers."""
-    hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
-    if not isinstance(hidden, int) or not isinstance(layers, int):
-        return None
-    width = getattr(config, "intermediate_size", None) or 4 * hidden
-    layer = 8 * hidden + 4 * width
-    kept = layers * hidden + layer if checkpointing else layers * layer
-    return kept + logits_width + hidden
 
 
 def check_budget(plan: MemoryPlan, args) -> None:
@@ -367,7 +324,7 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     if elements is None:
         notes.append(f"activations not estimated: {type(model.config).__name__} has no hidden_size/num_hidden_layers")
         return None, 0
-    size = _floating_size(model)  # autocast does not shrink what is kept (module docstring)
+    size = floating_size(model)  # autocast does not shrink what is kept (module docstring)
     half_logits = size < 4 or args.bf16 or args.fp16  # the head's output dtype
     size = 3 if size < 4 else size  # a half-precision base keeps fp32 norms beside (module docstring)
     shards = trainer.world.size if trainer.world.client_parallel else 1  # a batch split over the processes
@@ -386,39 +343,6 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     if curvature > loss:
         notes.append("logits: the local optimizer's curvature pass (every position's logits) is larger than the loss's")
     return activations, max(loss, curvature)
-
-
-def peak_tensor_bytes(run: Callable[[], object], trace_path: str) -> int:
-    """What the plan counts, measured: the most bytes of CPU tensors that ``run()`` allocated and held at once, from
-    torch's profiler ("Total Allocated" at every allocation and free; its trace is written to ``trace_path``).
-    Neither other processes nor memory a warm heap reuses disturb it, as they do a resident-set peak; memory a
-    library allocates outside torch's allocator (BLAS buffers) is not in it."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        run()
-    profiler.export_chrome_trace(str(trace_path))
-    with open(trace_path) as trace:
-        events = [e["args"] for e in json.load(trace)["traceEvents"]
-                  if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]
-    if not events:
-        return 0
-    before = events[0]["Total Allocated"] - events[0]["Bytes"]  # what earlier code still held when profiling began
-    return max(e["Total Allocated"] for e in events) - before
-
-
-def _floating_size(model: torch.nn.Module) -> int:
-    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
-    return torch.empty((), dtype=floating[0]).element_size()
-
-
-def autocast_copy_bytes(model: torch.nn.Module, half_autocast: bool) -> int:
-    """Under bf16/fp16 autocast, the half-precision copy of every frozen linear weight wider than 2 bytes that
-    the forward multiplies with, kept for the backward (once per forward, whatever the rows)."""
-    if not half_autocast:
-        return 0
-    return sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)
-               and not m.weight.requires_grad and m.weight.is_floating_point() and m.weight.element_size() > 2)
 
 
 def _most_labels(data, rows: int) -> Optional[int]:
@@ -447,5 +371,4 @@ def _column(data: datasets.Dataset, name: str) -> pa.ChunkedArray:
     return column if data._indices is None else column.take(data._indices.column(0))
 
 
-__all__ = ["MemoryPlan", "activation_elements_per_token", "autocast_copy_bytes", "check_budget", "model_bytes",
-           "peak_tensor_bytes", "plan_memory"]
+__all__ = ["MemoryPlan", "check_budget", "plan_memory"]

@@ -13,7 +13,8 @@ from fedhf.data.sft import SFTCollator
 from fedhf.data.demo import load_tweets, tiny_llama
 from fedhf.core.sums import RoundSums
 from fedhf.trainer.compression import RESIDUAL
-from fedhf.trainer.memory_plan import GIB, activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
+from fedhf.runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
+from fedhf.trainer.memory_plan import GIB
 
 from tests.helpers import config, tiny_llama_lora, trainable_state, tweet_sft
 
