@@ -155,3 +155,12 @@ def answer_rows(n: int, seed: int = 0, length: int = 12, answer: int = 3, vocab:
         rows.append({"input_ids": ids, "attention_mask": [1] * length,
                      "labels": [-100] * (length - answer) + ids[-answer:]})
     return datasets.Dataset.from_list(rows)
+
+
+WALL_CLOCK_SUFFIXES = ("_runtime", "_per_second", "_preparation_time", "_seconds")
+
+
+def without_timings(history: list) -> list:
+    """A history without its wall-clock entries (runtimes, throughputs, preparation and compression seconds), which
+    no two runs share; everything else must match bit for bit between two runs of the same seed."""
+    return [{k: v for k, v in entry.items() if not k.endswith(WALL_CLOCK_SUFFIXES)} for entry in history]

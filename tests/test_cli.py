@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from fedhf.algorithms import compose, get_algorithm, list_algorithms
 from fedhf.cli import main
+from tests.helpers import without_timings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TWEETS = ROOT / "recipes" / "tweets_minilm_lora_scaffold_dir0.3_n12.yaml"
@@ -128,10 +129,6 @@ def _files(folder) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(pathlib.Path(folder).rglob("*")) if p.is_file()}
 
 
-def _without_timings(history: list) -> list:
-    return [{k: v for k, v in h.items() if not k.endswith(("_runtime", "_per_second"))} for h in history]
-
-
 def test_ctrl_c_names_the_resume_command_which_ends_as_the_uninterrupted_run_and_deletes_nothing(
         tmp_path, monkeypatch, capsys):
     """Ctrl-C in round 3 (a KeyboardInterrupt where SIGINT would raise it), then the printed command: checkpoint-1
@@ -168,7 +165,7 @@ def test_ctrl_c_names_the_resume_command_which_ends_as_the_uninterrupted_run_and
     assert sorted(resumed) == sorted(uninterrupted) and len(resumed) > len(counted)
     assert all(bool((resumed[n] == uninterrupted[n]).all()) for n in resumed if n not in counted)
     histories = [json.loads((d / "federated_history.json").read_text()) for d in (tmp_path / "full", cut)]
-    assert _without_timings(histories[0]) == _without_timings(histories[1]) and histories[1][-1]["round"] == 3
+    assert without_timings(histories[0]) == without_timings(histories[1]) and histories[1][-1]["round"] == 3
     assert all(h["round_runtime"] > 0 for h in histories[1])  # each round's wall time
 
 

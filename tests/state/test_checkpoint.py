@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedhf.state import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from tests.helpers import without_timings
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "resume_run.py")
 
@@ -22,10 +23,6 @@ def _run(out_dir, result, *flags):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     return subprocess.run([sys.executable, SCRIPT, str(out_dir), str(result), *flags], env=env, capture_output=True,
                           text=True, timeout=300)
-
-
-def _comparable(history):
-    return [{k: v for k, v in h.items() if not k.endswith(("_runtime", "_per_second", "_preparation_time"))} for h in history]
 
 
 @pytest.mark.parametrize("algorithm", [[], ["--algorithm", "fedmuon"], ["--algorithm", "fed_sophia"]],
@@ -48,7 +45,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path, 
     history_full = json.loads((tmp_path / "full" / "federated_history.json").read_text())
     history_resumed = json.loads((tmp_path / "crash" / "federated_history.json").read_text())
     assert [h["round"] for h in history_resumed] == [1, 2, 3, 4, 5]
-    assert _comparable(history_resumed) == _comparable(history_full)
+    assert without_timings(history_resumed) == without_timings(history_full)
 
 
 @pytest.fixture

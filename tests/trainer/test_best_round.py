@@ -12,7 +12,7 @@ from transformers import TrainerCallback
 from fedhf import FederatedConfig, FederatedTrainer
 from fedhf.data.sft import SFTCollator
 
-from tests.helpers import tiny_llama_lora, trainable_state, tweet_sft
+from tests.helpers import tiny_llama_lora, trainable_state, tweet_sft, without_timings
 
 
 class StopAfter(TrainerCallback):
@@ -145,9 +145,7 @@ def _history(trainer) -> str:
     """The history without its timings, as JSON (a NaN train loss equals itself there)."""
     import json
 
-    timing = ("runtime", "_per_second", "preparation_time")
-    return json.dumps([{k: v for k, v in h.items() if not k.endswith(timing)} for h in trainer.federated_history],
-                      sort_keys=True)
+    return json.dumps(without_timings(trainer.federated_history), sort_keys=True)
 
 
 def test_a_run_killed_and_resumed_at_any_round_ends_as_the_uninterrupted_one(tmp_path):

@@ -12,7 +12,7 @@ from fedhf.core.schedule import round_clients
 from fedhf.simulation import client_seconds, deadline_round, lognormal_profiles
 from fedhf.simulation.profile import MBPS
 
-from tests.helpers import config, digit_trainer, tiny_resnet, trainable_state
+from tests.helpers import config, digit_trainer, tiny_resnet, trainable_state, without_timings
 
 
 class _Cohorts(RoundHook):
@@ -31,11 +31,6 @@ class _StopAfter(TrainerCallback):
         control.should_training_stop = state.global_step >= self.rounds
 
 
-def _timeless(history):
-    """The history without its wall-clock entries (round_runtime), which no two runs share."""
-    return [{k: v for k, v in entry.items() if not k.endswith("_runtime")} for entry in history]
-
-
 def _run(digits, tmp_path, name, hooks=(), callbacks=(), resume=None, **overrides):
     model = tiny_resnet()
     args = config(tmp_path / name, **{"num_clients": 6, "clients_per_round": 3, "num_rounds": 2, "local_steps": 2,
@@ -49,7 +44,7 @@ def test_waiting_for_all_at_one_speed_is_todays_run_bit_for_bit_with_hand_comput
     plain, plain_model = _run(digits, tmp_path, "plain")
     timed, timed_model = _run(digits, tmp_path, "timed", clock_profile="uniform")
     assert all(torch.equal(plain_model[n], timed_model[n]) for n in plain_model)
-    for a, b in zip(_timeless(plain.federated_history), _timeless(timed.federated_history)):
+    for a, b in zip(without_timings(plain.federated_history), without_timings(timed.federated_history)):
         assert {k: v for k, v in b.items() if not k.startswith("sim_")} == a
     dense = sum(p.numel() * 4 for p in tiny_resnet().parameters())
     rows = 2 * 16  # K x B rows of 8x8 images: one "token" each
@@ -91,7 +86,7 @@ def test_a_resumed_run_continues_the_same_clock_and_the_budget_stops_it(digits, 
     _run(digits, tmp_path, "cut", callbacks=[_StopAfter(2)], **settings)
     resumed, resumed_model = _run(digits, tmp_path, "cut", resume=True, **settings)
     assert [h["round"] for h in resumed.federated_history] == [1, 2, 3, 4]
-    assert _timeless(resumed.federated_history) == _timeless(whole.federated_history)  # simulated seconds included
+    assert without_timings(resumed.federated_history) == without_timings(whole.federated_history)  # simulated seconds included
     assert all(torch.equal(whole_model[n], resumed_model[n]) for n in whole_model)
     budget = whole.federated_history[1]["sim_time_s"]
     stopped, _ = _run(digits, tmp_path, "budget", **{**settings, "clock_budget_s": budget})
@@ -170,5 +165,5 @@ def test_a_resumed_fedbuff_run_keeps_its_clients_in_flight(digits, tmp_path):
     assert max(h["staleness_max"] for h in whole.federated_history) > 0
     _run(digits, tmp_path, "cut", callbacks=[_StopAfter(2)], **settings)
     resumed, resumed_model = _run(digits, tmp_path, "cut", resume=True, **settings)
-    assert _timeless(resumed.federated_history) == _timeless(whole.federated_history)
+    assert without_timings(resumed.federated_history) == without_timings(whole.federated_history)
     assert all(torch.equal(whole_model[n], resumed_model[n]) for n in whole_model)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from fedhf.core.params import federated_buffers
 from fedhf.trainer.compression import RESIDUAL, Compression
 from fedhf.trainer.hooks import RoundHook
-from tests.helpers import config, digit_trainer, tiny_resnet
+from tests.helpers import config, digit_trainer, tiny_resnet, without_timings
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "resume_run.py")
 
@@ -127,9 +127,7 @@ def test_a_killed_run_with_feedback_state_resumes_bit_for_bit(tmp_path):
     full, again = load_file(str(tmp_path / "full.safetensors")), load_file(str(tmp_path / "resumed.safetensors"))
     assert full.keys() == again.keys() and all(torch.equal(full[k], again[k]) for k in full)
     history = [json.loads((tmp_path / d / "federated_history.json").read_text()) for d in ("full", "crash")]
-    strip = [[{k: v for k, v in h.items() if not k.endswith(("_runtime", "_per_second", "_preparation_time",
-                                                              "compression_seconds"))} for h in run] for run in history]
-    assert strip[0] == strip[1]
+    assert without_timings(history[0]) == without_timings(history[1])
 
 
 def _server(x):
