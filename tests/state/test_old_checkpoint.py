@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.state.test_checkpoint import _comparable, _run
+from tests.helpers import without_timings
+from tests.state.test_checkpoint import _run
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "run_before_layout")
 
@@ -32,6 +33,6 @@ def test_a_checkpoint_from_before_the_layout_resumes_to_the_uninterrupted_result
     history_full = json.loads((tmp_path / "full" / "federated_history.json").read_text())
     history_resumed = json.loads((old / "federated_history.json").read_text())
     assert [h["round"] for h in history_resumed] == [1, 2, 3, 4, 5]
-    for resumed_entry, full_entry in zip(_comparable(history_resumed), _comparable(history_full)):
+    for resumed_entry, full_entry in zip(without_timings(history_resumed), without_timings(history_full)):
         assert resumed_entry.keys() == full_entry.keys()
         assert all(resumed_entry[k] == pytest.approx(full_entry[k], rel=1e-4) for k in full_entry)
