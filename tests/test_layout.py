@@ -254,9 +254,9 @@ def test_tests_mirror_the_package():
 
 def test_a_test_out_of_its_mirror_is_caught(tmp_path):
     (tmp_path / "fedhf" / "trainer" / "hooks").mkdir(parents=True)
-    (tmp_path / "fedhf" / "trainer" / "hooks" / "clock.py").write_text("")
+    (tmp_path / "fedhf" / "trainer" / "hooks" / "tick.py").write_text("")
     (tmp_path / "tests" / "trainer" / "nowhere").mkdir(parents=True)
-    (tmp_path / "tests" / "trainer" / "test_clock.py").write_text("")
+    (tmp_path / "tests" / "trainer" / "test_tick.py").write_text("")
     found = mirror_violations(str(tmp_path / "tests"), str(tmp_path / "fedhf"))
     assert sorted(found) == ["tests/trainer/nowhere/ mirrors no fedhf folder",
-                             "tests/trainer/test_clock.py tests fedhf/trainer/hooks/clock.py"]
+                             "tests/trainer/test_tick.py tests fedhf/trainer/hooks/tick.py"]
