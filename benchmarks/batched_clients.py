@@ -7,7 +7,7 @@ linear layer, the bundled tweets cut into blocks of ``--seq`` tokens. FedAvg (SG
 same initial model; a round is timed from its start to its end (callback), the fastest of ``--rounds`` is kept.
 Also printed: the peak memory (GPU: ``torch.cuda.max_memory_allocated``; CPU: the process's peak RSS, which only
 grows, so read the GPU column for memory) and the largest difference of the final adapter from the one-at-a-time
-run (the two must agree to float rounding; tests/trainer/test_batched_round.py asserts it).
+run (the two must agree to float rounding; tests/trainer/runners/test_batched_round.py asserts it).
 
 ``--model minilm``: the pretrained MiniLM-L6 sentence classifier instead, LoRA r16 on query/value and the 3-class
 head trained (stacked per client too), dropout off (a batched pass draws other masks than one client at a time, so
@@ -179,7 +179,7 @@ def fused_pass_ops(copies: int, opts, model_dir: str, tokenizer, data, device: s
     from fedhf import FederatedTrainer
     from fedhf.runtime.stacked_adapters import concat_batches, model_pad_id, stacked_clients
     from fedhf.runtime.model_outputs import loss_items
-    from fedhf.trainer.batched_round import BatchedClients
+    from fedhf.trainer.runners.batched_round import BatchedClients
 
     model = build(model_dir, tokenizer, opts.hidden, opts.layers, device, opts.model)
     collate = collator(opts, tokenizer)

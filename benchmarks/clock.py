@@ -1,4 +1,4 @@
-"""Algorithms at the same simulated time under heavy-tailed devices (fedhf/trainer/clock.py, docs/clock.md).
+"""Algorithms at the same simulated time under heavy-tailed devices (fedhf/trainer/hooks/clock.py, docs/clock.md).
 
 The tweets classifier (MiniLM-L6 + LoRA r8, benchmarks/comparison_tasks.py; 20 clients, Dirichlet 0.5, 5 local
 steps of 16 rows) on log-normal devices (clock_spread 1: the 5 % slowest at least 5x below the median; median 1,000

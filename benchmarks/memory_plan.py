@@ -1,5 +1,5 @@
 """How many LoRA clients of a small Llama fit at once under a fixed memory budget: the memory plan's prediction
-(fedhf/trainer/memory_plan.py) beside the measured peak, for ``batched_clients`` C = 1 (the sequential loop), 2, 4, 8, 16.
+(fedhf/trainer/runners/memory_plan.py) beside the measured peak, for ``batched_clients`` C = 1 (the sequential loop), 2, 4, 8, 16.
 
 Model and data as benchmarks/batched_clients.py (a LlamaForCausalLM built from a config, hidden 256, 4 layers, the
 MiniLM tokenizer's 30,522-token vocabulary, LoRA r16 on every linear layer, blocks of ``--seq`` tokens of the

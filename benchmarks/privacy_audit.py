@@ -3,10 +3,10 @@ epsilon lower bound from how well a threshold tells the two apart.
 
     python benchmarks/privacy_audit.py [--trials 20000] [--cohort 8] [--seed 0]
 
-What runs is fedhf's own round hook (fedhf/trainer/privacy.py), built from a real ``FederatedConfig``: every client's
+What runs is fedhf's own round hook (fedhf/trainer/hooks/privacy.py), built from a real ``FederatedConfig``: every client's
 message goes through ``Privacy.on_client_message`` (clip, distributed noise share, secure aggregation's quantise and
 mask) and the summed messages through ``Privacy.after_sums`` (unmask and decode, central noise, adaptive clipping's
-noisy count), in the shapes the trainer uses (``Message`` / ``RoundSums``, as fedhf/trainer/local_steps.py sends
+noisy count), in the shapes the trainer uses (``Message`` / ``RoundSums``, as fedhf/trainer/runners/local_steps.py sends
 them). Nothing of clip + noise is written again here; every call into fedhf's privacy code is in the first section
 below (the config, ``Mechanism``, the planted clip, the claim).
 
@@ -75,12 +75,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy.stats import beta  # noqa: E402
 
-import fedhf.trainer.privacy as privacy_hook  # noqa: E402
+import fedhf.trainer.hooks.privacy as privacy_hook  # noqa: E402
 from fedhf import FederatedConfig  # noqa: E402
 from fedhf.core.message import Message  # noqa: E402
 from fedhf.core.sums import RoundSums  # noqa: E402
 from fedhf.privacy import PrivacyAccountant  # noqa: E402
-from fedhf.trainer.hooks import ClientMessages  # noqa: E402
+from fedhf.trainer.hooks.base import ClientMessages  # noqa: E402
 
 DELTA = 1e-2
 NOISE_MULTIPLIER = 1.0

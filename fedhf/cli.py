@@ -28,7 +28,7 @@ class NetworkError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .trainer.field_help import fields_help
+    from .trainer.config.field_help import fields_help
     from .version import __version__
 
     parser = argparse.ArgumentParser(prog="fedhf", allow_abbrev=False,
@@ -71,10 +71,10 @@ def _server_rule_name(rule) -> str:
 def algorithms_table() -> List[str]:
     """One row per named algorithm: the registry names of its local optimizer, state sync, correction and server
     rule (each accepted by the same FederatedConfig field), and whether it survives secure aggregation (found by
-    running its server halves on sums only: fedhf/trainer/secagg_check.py)."""
+    running its server halves on sums only: fedhf/privacy/secagg_check.py)."""
     from .algorithms import get_algorithm, list_algorithms
     from .corrections import CORRECTIONS
-    from .trainer.secagg_check import secagg_compatibility
+    from .privacy.secagg_check import secagg_compatibility
 
     rows = [("algorithm", "local_optimizer", "state_sync", "correction", "server_rule", "secure aggregation")]
     for name in list_algorithms():
@@ -88,7 +88,7 @@ def algorithms_table() -> List[str]:
 
 def _recipe_arguments(config: str, overrides: List[str]):
     """The recipe and its FederatedConfig, every ``--field`` checked first (exact names, "did you mean")."""
-    from .trainer.field_help import check_flags
+    from .trainer.config.field_help import check_flags
     from .recipes import DataSection, ModelSection, load_recipe
 
     recipe = load_recipe(config)

@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from .runtime.hardware import cpu_has_bf16_matmul
-from .trainer.config import FederatedConfig
+from .trainer.config.federated_config import FederatedConfig
 from .data import bundled_gemma
 from .data.demo import load_digits_images, load_tweet_instructions, load_tweets, minilm_path, subsample
 from .metrics import accuracy_metrics
@@ -124,7 +124,7 @@ def _check_keys(values: Any, known: set, name: str, path: str, where: str) -> di
 def _resolve_bf16(train: Dict[str, Any]) -> Dict[str, Any]:
     """``bf16: auto`` in a recipe: bf16 where it runs in hardware (a CUDA GPU with bf16; a CPU with AVX512-BF16 or
     AMX), fp32 elsewhere -- emulated bf16 made a MiniLM-LoRA step 17x slower on an AVX2 CPU
-    (:func:`fedhf.trainer.config_checks.cpu_has_bf16_matmul`). Any other value is left to FederatedConfig."""
+    (:func:`fedhf.trainer.config.config_checks.cpu_has_bf16_matmul`). Any other value is left to FederatedConfig."""
     if train.get("bf16") != "auto":
         return train
     on_gpu = not train.get("use_cpu") and torch.cuda.is_available()

@@ -17,7 +17,7 @@ PAGES = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / 
 CODE_DIRS = ("fedhf", "tests", "benchmarks", "examples")
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target)
-# A repository path named in prose or code spans: it starts at one of the top folders, e.g. `fedhf/trainer/settings.py`.
+# A repository path named in prose or code spans: it starts at one of the top folders, e.g. `fedhf/trainer/config/settings.py`.
 _PATH = re.compile(r"(?<![\w./<-])((?:fedhf|tests|benchmarks|recipes|examples|docs)/[\w./*<>-]*)")
 _SECTION = r"\d+(?:\.\d+)?[a-z]?"
 _CITATION = re.compile(r"docs/algorithms\.md\s+(?:sections?\s+|table\s+)?(" + _SECTION + r"(?:\s*(?:,|-|and)\s*"
@@ -145,7 +145,7 @@ def test_the_checks_see_a_broken_link_a_missing_path_and_a_missing_section(tmp_p
     page = tmp_path / "page.md"
     (tmp_path / "there.md").write_text("# A heading\n")
     page.write_text("[ok](there.md#a-heading) [gone](missing.md) [bad anchor](there.md#nope) "
-                    "`fedhf/trainer/settings.py` `fedhf/no_such_module.py` recipes/<name>.yaml\n")
+                    "`fedhf/trainer/config/settings.py` `fedhf/no_such_module.py` recipes/<name>.yaml\n")
     assert broken_links(page) == ["missing.md", "there.md#nope"]
     assert missing_paths(page) == ["fedhf/no_such_module.py"]
     citation = "see docs/algorithms" + ".md sections 2.1, 2.7-2.14 and 9.9"  # split, or the scan above finds it

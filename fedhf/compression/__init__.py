@@ -1,5 +1,5 @@
 """Communication compression: compressors as pure encode/decode pairs (``COMPRESSORS``), the plan that picks one
-per sent tensor, and the error-feedback step. The trainer's round hook (fedhf/trainer/compression.py) applies them
+per sent tensor, and the error-feedback step. The trainer's round hook (fedhf/trainer/hooks/compression.py) applies them
 to the uplink and the downlink; docs/compression.md."""
 
 from . import lowrank, quantize, sparsify  # noqa: F401  (their registry lines)

@@ -45,7 +45,7 @@ class Correction(ABC):
         return {}
 
     def client_state_bytes(self, global_params: TensorDict) -> int:
-        """Bytes this correction keeps per client in the client store (the memory plan, fedhf/trainer/memory_plan.py)."""
+        """Bytes this correction keeps per client in the client store (the memory plan, fedhf/trainer/runners/memory_plan.py)."""
         return 0
 
     def client_begin(self, ctx: ClientContext) -> Any:

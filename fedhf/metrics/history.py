@@ -57,7 +57,7 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
     evals = [h for h in history if any(k.startswith("eval_") for k in h)]
     metric = metric or plotted_metric(evals)
     panels = [("round", "round"), ("communicated_MB", "communicated MB (up + down)")]
-    if any("sim_time_s" in h for h in history):  # the simulated clock (fedhf/trainer/clock.py)
+    if any("sim_time_s" in h for h in history):  # the simulated clock (fedhf/trainer/hooks/clock.py)
         panels.append(("sim_time_s", "simulated seconds"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.4))
     for ax, (x_key, x_label) in zip(axes, panels):

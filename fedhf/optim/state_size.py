@@ -1,5 +1,5 @@
 """Declared optimizer-state sizes: the bytes a local optimizer holds per client, computed from the parameters'
-shapes and dtypes without building the optimizer (the memory plan, fedhf/trainer/memory_plan.py, multiplies them by the
+shapes and dtypes without building the optimizer (the memory plan, fedhf/trainer/runners/memory_plan.py, multiplies them by the
 clients trained at once). tests/optim/test_conformance.py checks every declaration against the real state after
 one step.
 

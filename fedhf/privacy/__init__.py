@@ -1,7 +1,7 @@
 """Privacy of a client's message: joint L2 clipping (fixed or adaptive), a client-level accountant over
 ``dp-accounting``, and the numerics of secure aggregation (fixed-point encoding, pairwise masks mod 2^32).
 
-Pure functions and thin classes; the round hook that applies them is fedhf/trainer/privacy.py.
+Pure functions and thin classes; the round hook that applies them is fedhf/trainer/hooks/privacy.py.
 """
 
 from .accountant import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, calibrate_noise, adaptive_noise_split

@@ -1,8 +1,8 @@
 """What a model itself holds in memory, measured or estimated from the model alone: its parameters and buffers by
 dtype (quantised bitsandbytes weights with their constants), the activations a token keeps for the backward (the
-formula of fedhf/trainer/memory_plan.py's docstring), the half-precision copies autocast keeps, and the peak of
+formula of fedhf/trainer/runners/memory_plan.py's docstring), the half-precision copies autocast keeps, and the peak of
 the tensors a piece of code allocates (torch's profiler). The run's plan, which adds what federation holds, is
-fedhf/trainer/memory_plan.py."""
+fedhf/trainer/runners/memory_plan.py."""
 
 from __future__ import annotations
 

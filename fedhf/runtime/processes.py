@@ -47,7 +47,7 @@ def cpu_only_launch() -> bool:
 class ProcessWorld:
     rank: int = 0
     size: int = 1
-    client_parallel: bool = False  # every process trains every client together (fedhf/trainer/client_parallel.py)
+    client_parallel: bool = False  # every process trains every client together (fedhf/trainer/runners/client_parallel.py)
 
     @property
     def sends_messages(self) -> bool:

@@ -3,7 +3,7 @@
 Nothing else is needed to resume bit for bit: client sampling, data order, dropout and every other random
 draw come from (seed, round, client) streams (:mod:`fedhf.core.schedule`); optimizer state that outlives a round is
 either the broadcast Thetabar (``sync_state``) or per-client state in the client store. A round checkpoint also
-holds the best round (fedhf/trainer/best_round.py) and, under fp16, the loss scaler's state (fedhf/trainer/loss_scaling.py).
+holds the best round (fedhf/trainer/hooks/best_round.py) and, under fp16, the loss scaler's state (fedhf/trainer/runners/loss_scaling.py).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class RunState:
     sync_state: TensorDict = field(default_factory=dict)  # Thetabar of average_warmstart / compressed_average
     personal_init: TensorDict = field(default_factory=dict)  # personal tensors at the start (fedhf/sharing/plan.py)
     base_params: TensorDict = field(default_factory=dict)  # frozen base weights a server rule folds into (FedEx-LoRA)
-    compression_state: TensorDict = field(default_factory=dict)  # downlink x_hat, PowerSGD Q (trainer/compression.py)
+    compression_state: TensorDict = field(default_factory=dict)  # downlink x_hat, PowerSGD Q (trainer/hooks/compression.py)
     rounds_done: int = 0
     uplink_bytes: float = 0.0
     downlink_bytes: float = 0.0

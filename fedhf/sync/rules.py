@@ -10,7 +10,7 @@
 Only Theta moves; the rest of the optimizer state (first moments, eigenbases, counters) starts fresh every round.
 A rule sends only what its server half uses: the rules that average Theta upload w_i Theta_i and w_i (their bytes
 counted); the others send nothing. The drift metric Delta_D (docs/algorithms.md 2.15) is not this axis's: the
-trainer hands every client's Theta_i to a round hook (fedhf/trainer/round_metrics.py).
+trainer hands every client's Theta_i to a round hook (fedhf/trainer/hooks/round_metrics.py).
 
 The protocol (:class:`StateSync`): ``client_begin(ctx, optimizer)`` may import Theta into the fresh optimizer;
 ``client_end(ctx, theta, kinds)`` returns the client's message (``kinds``: the structure the optimizer declares

@@ -46,23 +46,23 @@ from ..runtime.processes import destroy_process_group_at_exit, process_world
 from ..runtime.quantization import prepare_quantised_base
 from ..sharing.plan import SharingPlan
 from ..state.run import RunState, refuse_to_overwrite, resolve_checkpoint
-from .best_round import BestRound, check_best_metric
-from .client_data import ClientData, check_partitions
-from .combinations import check_combinations
-from .clock_settings import sampled_per_round
-from .config import FederatedConfig
-from .hooks import HookList, RoundHook
-from .labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
-from .round_features import round_hooks
-from .llm_guidance import warn_sgd_lr
-from .local_steps import LocalSteps, faulty
-from .loss_scaling import LossScale
-from .memory_plan import check_budget, plan_memory
-from .outputs import HISTORY_FILE, restore_run
+from .hooks.best_round import BestRound, check_best_metric
+from .runners.client_data import ClientData, check_partitions
+from .config.combinations import check_combinations
+from .config.clock_settings import sampled_per_round
+from .config.federated_config import FederatedConfig
+from .hooks.base import HookList, RoundHook
+from .runners.labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
+from .hooks.round_features import round_hooks
+from .config.llm_guidance import warn_sgd_lr
+from .runners.local_steps import LocalSteps, faulty
+from .runners.loss_scaling import LossScale
+from .runners.memory_plan import check_budget, plan_memory
+from .hooks.outputs import HISTORY_FILE, restore_run
 from .published import PublishedModel
-from .runners import choose_runner
-from .server_needs import base_fold, gathering
-from .settings import expose_rounds_to_callbacks, should_evaluate, should_log, should_save
+from .runners.base import choose_runner
+from ..server.server_needs import base_fold, gathering
+from .config.settings import expose_rounds_to_callbacks, should_evaluate, should_log, should_save
 
 logger = logging.get_logger(__name__)
 
@@ -123,7 +123,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         self.sharing = args.built_sharing()
         self.sharing_roles = self.sharing.roles(self.model)  # shared / personal / frozen, refused here
         check_combinations(self)  # every refused combination of settings, before any work (one table)
-        warn_sgd_lr(self)  # an SGD algorithm at an AdamW-scale lr on a causal LM (fedhf/trainer/llm_guidance.py)
+        warn_sgd_lr(self)  # an SGD algorithm at an AdamW-scale lr on a causal LM (fedhf/trainer/config/llm_guidance.py)
         # what the aggregator needs of the round, and how clients are trained: chosen once, here
         aggregator = self.algorithm.server_rule.aggregator
         self.base_fold = base_fold(self.model, aggregator)  # FedEx-LoRA, FLoRA: the base weights they change
@@ -148,7 +148,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
             spill_dir = os.path.join(spill_dir, f"process-{self.world.rank}")
         self.client_store = ClientStateStore(budget, spill_dir, self.model_device)
         self.federated_history: List[dict] = []
-        # a causal LM's head only where labels are (compute_loss, prediction_step: fedhf/trainer/labelled_positions.py)
+        # a causal LM's head only where labels are (compute_loss, prediction_step: fedhf/trainer/runners/labelled_positions.py)
         self.labelled_logits = projects_labelled_positions_only(self)
         feed_head_contiguously(self.model)  # a sliced head input is a slow path on CPU (runtime/contiguous_head.py)
 
@@ -167,7 +167,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-N`` folder (or an older run's
         ``checkpoint-round-N``), or True for the latest in ``output_dir``; the resumed run ends with the same model
-        as an uninterrupted one. Every optional round feature is a round hook (fedhf/trainer/hooks.py).
+        as an uninterrupted one. Every optional round feature is a round hook (fedhf/trainer/hooks/base.py).
 
         ``is_in_train`` is True while it runs, as in Trainer: Trainer's evaluation loop then evaluates the resident
         model as it is, where outside training ``bf16_full_eval``/``fp16_full_eval`` cast it in place."""
@@ -236,7 +236,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
                         personal_init=snapshot(self.plan.personal), base_params=self.base_fold.initial())
 
     def _plan_run(self, run: RunState) -> None:
-        self.memory_plan = plan_memory(self, run)  # fedhf/trainer/memory_plan.py
+        self.memory_plan = plan_memory(self, run)  # fedhf/trainer/runners/memory_plan.py
         if self.is_world_process_zero():
             print(self.memory_plan)
         check_budget(self.memory_plan, self.args)
@@ -333,7 +333,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
                 "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20,
                 "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20}
 
-    # ------------------------------------------------------------------ one client (fedhf/trainer/local_steps.py)
+    # ------------------------------------------------------------------ one client (fedhf/trainer/runners/local_steps.py)
     # The runners reach a client's round through these four, as Trainer's loop reaches training_step, so a subclass
     # may override them to observe or change one client's round.
     def _begin_client(self, ctx: ClientContext, access: Optional[ModelAccess] = None) -> OptimizerHooks:

@@ -20,7 +20,7 @@ import yaml
 from ..data.bundled_gemma import bundled_origin
 from ..metrics.history import is_quality_metric, write_json_atomic
 from ..state.checkpoint import PREFIX
-from .privacy_settings import dp_on, privacy_card_rows
+from .config.privacy_settings import dp_on, privacy_card_rows
 
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
 

@@ -48,7 +48,7 @@ except ImportError as err:  # pragma: no cover - exercised only where trl is mis
     raise ImportError("fedhf's FederatedSFTTrainer runs on trl's SFTTrainer, which is not installed: "
                       "pip install trl  (or pip install 'fedhf[llm]').") from err
 
-from .config import FederatedConfig
+from .config.federated_config import FederatedConfig
 from .federated_trainer import FederatedTrainer
 
 LABEL_SPLITS = ("dirichlet", "natural")

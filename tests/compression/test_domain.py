@@ -11,7 +11,7 @@ from fedhf.compression.domain import keep_domain
 from fedhf.core.message import Message
 from fedhf.core.theta import GENERAL, NONNEGATIVE, SYMMETRIC_PSD
 from fedhf.optim.amsgrad import AMSGradNoBias
-from fedhf.trainer.compression import Compression, _Draws
+from fedhf.trainer.hooks.compression import Compression, _Draws
 
 
 def test_each_kind_is_put_back_in_its_domain():

@@ -154,8 +154,8 @@ def test_the_memory_plan_shows_the_logits_and_bounds_what_autograd_keeps(gemma_d
     """The 262 K vocabulary makes the logits the largest activation of a step that projects every position; the
     plan's activations plus its kept logits bound what autograd keeps for the backward of the plan's micro-batch
     (the longest row, padded), within 35 %, with the head at every position and at the labelled ones only."""
-    from fedhf.trainer.head_memory import LOSS_LOGITS
-    from tests.trainer.test_memory_plan import _saved_for_backward
+    from fedhf.runtime.head_memory import LOSS_LOGITS
+    from tests.trainer.runners.test_memory_plan import _saved_for_backward
 
     rows = tweets["train"].select(range(8))
     longest = max(len(r) for r in rows["input_ids"])

@@ -117,7 +117,7 @@ def test_muon_adamw_batched_option_and_refusals():
 
 @pytest.mark.parametrize("native", [False, True])
 def test_default_matmul_follows_the_hardware(monkeypatch, native):
-    """Both answers of the hardware probe (fedhf.trainer.config_checks.cpu_has_bf16_matmul), whatever CPU runs the test."""
+    """Both answers of the hardware probe (fedhf.trainer.config.config_checks.cpu_has_bf16_matmul), whatever CPU runs the test."""
     from fedhf.optim.muon_batched import default_matmul
 
     monkeypatch.setattr("fedhf.optim.muon_batched.cpu_has_bf16_matmul", lambda: native)

@@ -1,4 +1,4 @@
-"""Run by tests/trainer/test_loss_scaling.py under torchrun (2 processes, gloo): each process's GradScaler sees only its
+"""Run by tests/trainer/runners/test_loss_scaling.py under torchrun (2 processes, gloo): each process's GradScaler sees only its
 own client's gradients -- process 1's overflows once -- then LossScale.agree; each process writes its scaler's state
 to OUT_DIR/rank<R>.json."""
 
@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from fedhf.trainer.loss_scaling import LossScale
+from fedhf.trainer.runners.loss_scaling import LossScale
 
 INIT_SCALE = 2.0 ** 16
 

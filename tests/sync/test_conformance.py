@@ -99,7 +99,7 @@ def test_only_rules_that_send_theta_count_its_bytes(name):
     sync = STATE_SYNCS.get(name)(**CASES[name])
     message, theta = _client(sync, 0, _rank_one(3), ClientStateStore(), {})
     dense = sum(t.numel() * t.element_size() for t in theta.values())
-    # the drift metric is not this axis's (fedhf/trainer/round_metrics.py): a rule sends only what it uses
+    # the drift metric is not this axis's (fedhf/trainer/hooks/round_metrics.py): a rule sends only what it uses
     assert not any(key.startswith("theta_sq.") for key in message.tensors)
     if name in UPLOADS:
         assert 0 < message.nbytes <= dense

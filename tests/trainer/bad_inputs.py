@@ -277,7 +277,7 @@ BAD_INPUTS = [
     Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
         "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
                                                eval_every_rounds=1, metric_for_best_model="loss")),
-    # --- communication compression (fedhf/compression/, fedhf/trainer/combinations.py) ---
+    # --- communication compression (fedhf/compression/, fedhf/trainer/config/combinations.py) ---
     Bad("`uplink_compression` naming no compressor", "uplink_compression", _cfg(uplink_compression="int9")),
     Bad("`downlink_compression` with a top-k fraction outside (0, 1]", "downlink_compression",
         _cfg(downlink_compression="topk:2")),
@@ -306,7 +306,7 @@ BAD_INPUTS = [
         _no_eval(callbacks=[_early_stopping], metric_for_best_model=None)),
     Bad("a `GenerationEvalCallback` without an `eval_dataset`", "GenerationEvalCallback",
         _no_eval(callbacks=[_generation_eval])),
-    # --- the best round's metric (fedhf/trainer/best_round.py, fedhf/metrics/direction.py) ---
+    # --- the best round's metric (fedhf/trainer/hooks/best_round.py, fedhf/metrics/direction.py) ---
     Bad("`metric_for_best_model` of unknown direction without `greater_is_better`", "greater_is_better",
         _cfg(metric_for_best_model="score")),
     Bad("`metric_for_best_model` naming a personalised metric without `personalized_eval`", "personalized_eval",
@@ -316,13 +316,13 @@ BAD_INPUTS = [
             tiny_resnet(), env["digits"], config(env["tmp_path"], metric_for_best_model="personal_eval_loss_mean",
                                                  personalized_eval=True, client_eval_fraction=0.2),
             callbacks=[_early_stopping()])),
-    # --- memory plan and client-parallel training (fedhf/trainer/memory_plan.py, fedhf/trainer/client_parallel.py) ---
+    # --- memory plan and client-parallel training (fedhf/trainer/runners/memory_plan.py, fedhf/trainer/runners/client_parallel.py) ---
     Bad("`memory_budget_gb` <= 0", "memory_budget_gb", _cfg(memory_budget_gb=0)),
     Bad("`client_parallel=True` with BatchNorm buffers (a row shard's statistics are not the batch's)",
         "client_parallel", _digits(client_parallel=True)),
     Bad("`client_parallel=True` with `batched_clients` > 1", "batched_clients",
         _lora_tweets(client_parallel=True, batched_clients=2)),
-    # privacy (fedhf/trainer/privacy_settings.py, the privacy rows of fedhf/trainer/combinations.py)
+    # privacy (fedhf/trainer/config/privacy_settings.py, the privacy rows of fedhf/trainer/config/combinations.py)
     Bad("`client_sampling` unknown", "client_sampling", _cfg(client_sampling="bernoulli")),
     Bad("`dp_mode` unknown", "dp_mode", _cfg(dp_mode="local")),
     Bad("`dp_mode='central'` without `dp_clip_norm`", "dp_clip_norm", _cfg(dp_mode="central", dp_epsilon=3.0)),

@@ -26,7 +26,7 @@ FOOTER = """
 
 - At the start of `train()`: an `output_dir` holding an earlier federated run (resume it, choose another
   output_dir, or `overwrite_output_dir=True`; nothing is touched), `resume_from_checkpoint=True` with no checkpoint,
-  a memory plan over `memory_budget_gb` (the message names what to change; tests/trainer/test_memory_plan.py).
+  a memory plan over `memory_budget_gb` (the message names what to change; tests/trainer/runners/test_memory_plan.py).
 - Resuming (tests/state/test_checkpoint.py): a truncated or corrupted checkpoint file (checksum mismatch), a folder
   without its manifest (an interrupted write), a non-safetensors file posing as tensors (never unpickled),
   different settings than the checkpoint's (each differing field is listed).

@@ -1,0 +1,136 @@
+"""The simulated-clock fields of :class:`fedhf.FederatedConfig` (docs/clock.md), checked when the config is made.
+The round hook that applies them is fedhf/trainer/hooks/clock.py; the profiles and round policies are fedhf/simulation/."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+PROFILES = ("uniform", "lognormal")  # or the path of a CSV trace
+ROUND_POLICIES = ("wait_all", "deadline", "fedbuff")
+
+
+@dataclass
+class ClockSettings:
+    r"""
+    A simulated clock with heterogeneous, straggling and dropping clients (docs/clock.md), a base of
+    :class:`fedhf.FederatedConfig` (each parameter is its flag or recipe key).
+
+    Parameters:
+        clock_profile (`str`, *optional*): the clients' devices: uniform, lognormal or a CSV trace; None: no clock.
+        clock_tokens_per_s (`float`, defaults to `2000.0`): the median client's training speed.
+        clock_uplink_mbps, clock_downlink_mbps (`float`, defaults to `5.0`, `20.0`): the median client's links.
+        clock_spread (`float`, defaults to `1.0`): the log-normal profile's sigma.
+        clock_availability (`float`, defaults to `1.0`): the probability that a client is online in a round.
+        round_policy (`str`, defaults to `"wait_all"`): wait for every client, a deadline with over-selection, or
+            buffered asynchronous aggregation (fedbuff).
+        round_deadline_s (`float`, *optional*): the deadline policy's reporting deadline in simulated seconds.
+        over_selection (`float`, defaults to `0.0`): the deadline policy samples (1 + this) x clients_per_round.
+        clock_budget_s (`float`, *optional*): stop after the round that reaches this many simulated seconds.
+        async_concurrency (`int`, *optional*): fedbuff's clients training at once; default 2 x clients_per_round.
+    """
+
+    clock_profile: Optional[str] = field(
+        default=None,
+        metadata={"help": "Simulated time: the clients' device profile, 'uniform' (every client at the medians), "
+                          "'lognormal' (each client's compute and network speed the median times exp(clock_spread "
+                          "N(0,1)), heavy-tailed) or the path of a CSV trace (client_id,tokens_per_s,uplink_mbps,"
+                          "downlink_mbps[,availability]). None: rounds have no notion of time (the default)."})
+    clock_tokens_per_s: float = field(default=2000.0, metadata={"help": "The median client's training speed in "
+                                                                        "tokens per second (rows without input_ids "
+                                                                        "count as one token)."})
+    clock_uplink_mbps: float = field(default=5.0, metadata={"help": "The median client's uplink in Mbit/s."})
+    clock_downlink_mbps: float = field(default=20.0, metadata={"help": "The median client's downlink in Mbit/s."})
+    clock_spread: float = field(default=1.0, metadata={"help": "The lognormal profile's sigma: 0 gives every client "
+                                                               "the medians; 1 puts the 5 % slowest 5x below."})
+    clock_availability: float = field(default=1.0, metadata={"help": "The probability that a sampled client is "
+                                                                     "online in a round (a CSV trace's column "
+                                                                     "overrides it); offline clients do not train."})
+    round_policy: str = field(
+        default="wait_all",
+        metadata={"help": "'wait_all': the round waits for every sampled, online client (its slowest sets its "
+                          "length). 'deadline': over-select, keep the first clients_per_round that report within "
+                          "round_deadline_s and drop the rest (their work is wasted). 'fedbuff': buffered "
+                          "asynchronous aggregation (Nguyen et al. 2022): async_concurrency clients always training, "
+                          "the server updating after every clients_per_round reports, stale changes weighted by "
+                          "1/sqrt(1 + staleness)."})
+    round_deadline_s: Optional[float] = field(default=None, metadata={"help": "The deadline policy's reporting "
+                                                                              "deadline, in simulated seconds."})
+    over_selection: float = field(default=0.0, metadata={"help": "The deadline policy samples ceil((1 + this) x "
+                                                                 "clients_per_round) clients, e.g. 0.3."})
+    clock_budget_s: Optional[float] = field(default=None, metadata={"help": "Stop after the round at which the "
+                                                                            "simulated time reaches this budget."})
+    async_concurrency: Optional[int] = field(default=None, metadata={"help": "fedbuff: how many clients train at "
+                                                                             "once; default 2 x clients_per_round."})
+
+
+def clock_on(args) -> bool:
+    return args.clock_profile is not None
+
+
+def sampled_per_round(args) -> int:
+    """How many clients the loop samples: clients_per_round, over-selected under the deadline policy."""
+    if clock_on(args) and args.round_policy == "deadline" and args.over_selection > 0:
+        return min(args.num_clients, math.ceil((1 + args.over_selection) * args.clients_per_round))
+    return args.clients_per_round
+
+
+def concurrency(args) -> int:
+    """fedbuff's clients training at once."""
+    default = 2 * args.clients_per_round
+    return min(args.num_clients, args.async_concurrency if args.async_concurrency is not None else default)
+
+
+def check_clock_fields(args) -> None:
+    """Each clock field's value, and the combinations that cannot work, with the fix named."""
+    on, profile = clock_on(args), args.clock_profile
+    drops = on and (args.round_policy != "wait_all" or args.clock_availability < 1
+                    or (profile not in PROFILES and profile is not None))
+    buffered = on and args.round_policy == "fedbuff"
+    checks = [
+        (on or (args.round_policy == "wait_all" and args.round_deadline_s is None and args.over_selection == 0
+                and args.clock_budget_s is None and args.clock_availability == 1),
+         "a clock setting is set but `clock_profile` is None: set clock_profile='lognormal' (or 'uniform', or a CSV "
+         "trace) to simulate time"),
+        (not on or profile in PROFILES or os.path.isfile(str(profile)),
+         f"`clock_profile` must be one of {PROFILES} or the path of a CSV trace; {profile!r} is neither"),
+        (args.clock_tokens_per_s > 0 and args.clock_uplink_mbps > 0 and args.clock_downlink_mbps > 0,
+         "`clock_tokens_per_s`, `clock_uplink_mbps` and `clock_downlink_mbps` must be > 0"),
+        (args.clock_spread >= 0, "`clock_spread` must be >= 0 (0: every client at the medians)"),
+        (0 < args.clock_availability <= 1, "`clock_availability` must be in (0, 1]"),
+        (args.round_policy in ROUND_POLICIES, f"`round_policy` must be one of {ROUND_POLICIES}"),
+        (args.round_policy != "deadline" or (args.round_deadline_s is not None and args.round_deadline_s > 0),
+         "`round_policy='deadline'` needs `round_deadline_s` > 0 (the reporting deadline in simulated seconds)"),
+        (args.over_selection >= 0, "`over_selection` must be >= 0, e.g. 0.3"),
+        (args.over_selection == 0 or args.round_policy == "deadline",
+         "`over_selection` only applies to round_policy='deadline' (wait_all keeps every sampled client)"),
+        (args.clock_budget_s is None or args.clock_budget_s > 0, "`clock_budget_s` must be > 0"),
+        (args.async_concurrency is None or (buffered and args.async_concurrency >= args.clients_per_round),
+         "`async_concurrency` applies to round_policy='fedbuff' and must be >= clients_per_round (the reports the "
+         "server waits for)"),
+        (not (args.over_selection > 0 and args.dp_mode != "off"),
+         "`over_selection` samples more clients than clients_per_round, but the DP accountant's sampling rate is "
+         "clients_per_round / num_clients: set over_selection=0 under dp_mode"),
+        (not (buffered and (args.dp_mode != "off" or args.secure_aggregation)),
+         "round_policy='fedbuff' sums reports that started from different global models; the DP accountant and the "
+         "secure aggregation's cohort assume one synchronous round: use round_policy='wait_all' or 'deadline'"),
+        (not (buffered and args.downlink_compression != "none"),
+         "round_policy='fedbuff' sends each client the model of its own moment, but a compressed downlink assumes "
+         "every client holds the server's last broadcast: set downlink_compression='none'"),
+        # Dropping clients independently of their data only thins Poisson sampling (each client's inclusion
+        # probability stays <= q, so the accountant's q is conservative); fixed-size sampling's replace-one analysis
+        # and distributed noise shares assume the whole cohort reports.
+        (not (drops and args.dp_mode == "central" and args.client_sampling != "poisson"),
+         "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) change fixed-size "
+         "sampling's cohort, which the DP accountant assumes: set client_sampling='poisson' (dropping then only "
+         "lowers each client's inclusion probability below the accounted q)"),
+        (not (drops and (args.dp_mode == "distributed" or args.secure_aggregation)),
+         "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) are not part of the "
+         "simulated secure aggregation's cohort and would leave distributed noise short: use dp_mode='central' "
+         "without secure_aggregation, or round_policy='wait_all' with clock_availability=1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message + ".")

@@ -1,0 +1,374 @@
+"""Feature combinations fedhf refuses, in one table, checked when the trainer is built (before any work).
+
+Each :class:`Refusal` row says when a combination is refused (``when``), what the problem is and the fix. Rows of a
+``group`` are gathered into one message, as one setting's problems (``batched_clients``, ``client_parallel``); a
+row without a group is refused alone, the first in table order. A refusal that only a model helper can judge
+(which LoRA layers can be stacked or merged into the base) is a row whose ``check`` raises with that helper's own
+message. docs/bad_inputs.md lists every refusal with the input that triggers it (tests/trainer/bad_inputs.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Union
+
+from transformers import Trainer
+
+from ...compression import parse_plan
+from ...core.lora import LORA_A, LORA_B, lora_pairs, role_of
+from ...core.params import federated_buffers
+from ...runtime.lora_layers import lora_layers
+from ...sharing.alternating import ROLORA
+from ...sharing.plan import PERSONAL, SHARED
+from ..hooks.compression import compressed_model_change
+
+
+@dataclass
+class Setup:
+    """What the table reads: the trainer (its args, model, algorithm, sharing and roles, processes, loss)."""
+
+    trainer: object
+
+    def __getattr__(self, name):  # the trainer's attributes, read as the rows need them
+        return getattr(self.trainer, name)
+
+    @property
+    def rule(self):
+        return self.trainer.algorithm.server_rule
+
+    @property
+    def needs_lora_pairs(self) -> bool:
+        return self.rule.aggregator.needs_lora_pairs
+
+    @property
+    def shared(self) -> List[str]:
+        return [n for n, r in self.trainer.sharing_roles.items() if r == SHARED]
+
+    @property
+    def lora(self) -> List[str]:
+        return [n for n in self.trainer.sharing_roles if role_of(n) in (LORA_A, LORA_B)]
+
+
+Text = Callable[[Setup], str]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    when: Callable[[Setup], bool]
+    problem: Optional[Text] = None
+    fix: Union[str, Text] = ""
+    group: str = ""
+    check: Optional[Callable[[Setup], None]] = None  # a model helper that raises its own message
+
+    def message(self, s: Setup) -> str:
+        fix = self.fix(s) if callable(self.fix) else self.fix
+        return self.problem(s) + (f": {fix}" if fix else "") + "."
+
+
+def _ranks_above(s: Setup) -> bool:
+    pairs = lora_pairs(_trainable(s))
+    return bool(pairs) and max(s.args.lora_client_ranks) > _adapter_rank(s)
+
+
+def _trainable(s: Setup):
+    from ...core.params import trainable_parameters
+    return trainable_parameters(s.model)
+
+
+def _adapter_rank(s: Setup) -> int:
+    params = _trainable(s)
+    return min(params[a].shape[0] for a in lora_pairs(params))
+
+
+def _overridden_loss(s: Setup) -> List[str]:
+    """The shared pass computes each client's loss from the logits (the model's plain mean) and never calls
+    ``compute_loss`` or ``training_step``; an override of either (a user's, or trl's SFTTrainer's: its ``dft`` loss,
+    MoE auxiliary loss and token metrics) would be skipped silently, so it is refused."""
+    from ..federated_trainer import FederatedTrainer  # which imports this table
+
+    cls = type(s.trainer)
+    return [name for name in ("compute_loss", "training_step")
+            if getattr(cls, name) not in (getattr(Trainer, name), getattr(FederatedTrainer, name))]
+
+
+def _overridden_text(s: Setup) -> str:
+    cls = type(s.trainer)
+    return "; ".join(f"an overridden `{name}` ({getattr(cls, name).__qualname__}: the shared pass computes each "
+                     f"client's loss from the logits and would skip it; trl's SFTTrainer overrides both)"
+                     for name in _overridden_loss(s))
+
+
+def _ranks(s: Setup) -> bool:
+    return s.args.lora_client_ranks is not None
+
+
+def _batched(s: Setup) -> bool:
+    return s.args.batched_clients > 1
+
+
+def _compressed_delta(s: Setup, linear_ok: bool = False) -> List[str]:
+    """The shared tensors whose model change (``dx``) the uplink compresses (non-linear compressors only, when
+    ``linear_ok``: a linear one's sum of encodings decodes to the sum, which a sum-reading rule can take)."""
+    picked = compressed_model_change(parse_plan(s.args.uplink_compression), s.shared)
+    return [name for name, compressor in picked.items() if not (linear_ok and compressor.linear)]
+
+
+def _compressed_text(s: Setup, why: str, fix: str, linear_ok: bool = False) -> str:
+    names = _compressed_delta(s, linear_ok)
+    shown = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    return (f"`uplink_compression={s.args.uplink_compression!r}` compresses the model change of {shown}, but "
+            f"{why}; {fix}")
+
+
+_COMPRESS_OTHERS = "compress only other tensors (e.g. 'correction.*=int8,sync.*=bf16') or"
+
+
+def _dp(s: Setup) -> bool:
+    return s.args.dp_mode != "off"
+
+
+def _secagg_problem(s: Setup) -> Optional[str]:
+    from ...privacy.secagg_check import secagg_compatibility
+
+    compatible, reason = secagg_compatibility(s.algorithm)
+    return None if compatible else reason
+
+
+def _buffered(s: Setup) -> bool:
+    return s.args.clock_profile is not None and s.args.round_policy == "fedbuff"
+
+
+COMBINATIONS: List[Refusal] = [
+    # micro-batches of one local step (fedhf/trainer/runners/local_steps.py, ``accumulate``)
+    Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
+                                                                  or s.loss_is_scaled_for_ga),
+            lambda s: f"`gradient_accumulation_steps={s.args.gradient_accumulation_steps}` weights each micro-batch "
+                      "by its share of the union's items, which needs the model's own mean loss; a "
+                      "`compute_loss_func` (or a loss already scaled for accumulation) cannot be weighted so",
+            "use gradient_accumulation_steps=1 and a larger per_device_train_batch_size"),
+    # buffered asynchronous aggregation on the simulated clock (fedhf/trainer/hooks/clock.py, docs/clock.md)
+    Refusal(lambda s: _buffered(s) and s.rule.aggregator.name != "mean",
+            lambda s: f"round_policy='fedbuff' weights each report's model change by its staleness, which is defined "
+                      f"for a mean of changes; the aggregator {s.rule.aggregator.name!r} reads products, "
+                      "preconditioners or each update, computed against different global models",
+            "use an algorithm whose server rule averages changes (mean, with any server optimizer after it: fedavg, "
+            "fedadam, diloco, ...) or round_policy='wait_all'"),
+    Refusal(lambda s: _buffered(s) and s.world.size > 1,
+            lambda s: f"round_policy='fedbuff' holds each training client's messages in the process that trained "
+                      f"it; this run has {s.world.size} processes",
+            "run fedbuff in one process"),
+    # client-level differential privacy and secure aggregation (fedhf/trainer/hooks/privacy.py, docs/privacy.md)
+    Refusal(lambda s: _dp(s) and s.args.client_weighting != "uniform",
+            lambda s: f"`client_weighting={s.args.client_weighting!r}` weights clients by their data size, which is "
+                      "data-dependent and unbounded, so one client's influence on the sums has no bound under DP",
+            "set client_weighting='uniform' (every client weighs 1; the mean divides by the expected cohort)"),
+    Refusal(lambda s: _dp(s) and s.rule.aggregator.gathers,
+            lambda s: f"`server_rule={s.rule.name!r}` reads each client's update, which the noise on the sums does "
+                      "not protect", "use a server rule that reads sums (mean, momentum, adam, ...) with dp_mode"),
+    Refusal(lambda s: _dp(s) and s.algorithm.state_sync.averages_theta,
+            lambda s: f"`state_sync={s.algorithm.state_sync.name!r}` warm-starts every client from the noisy average "
+                      "of the optimizer states, which noise can push out of their domain (a negative second moment, "
+                      "an indefinite preconditioner)",
+            "use state_sync='persist_local' or 'reset' under dp_mode (e.g. algorithm='fadam_gt', whose tracking "
+            "state is clipped and noised with the update)"),
+    Refusal(lambda s: _dp(s) and s.args.lora_client_ranks is not None,
+            lambda s: "`lora_client_ranks` sends per-entry weight masks beside the update, which clipping would "
+                      "scale as data", "leave lora_client_ranks unset under dp_mode"),
+    Refusal(lambda s: _dp(s) and bool(federated_buffers(s.model)),
+            lambda s: "the model has averaged buffers (BatchNorm statistics): under DP their average is noised, and a "
+                      "noisy running variance can turn negative",
+            "use a model without BatchNorm buffers (LayerNorm, GroupNorm) or turn dp_mode off"),
+    Refusal(lambda s: _dp(s) and s.args.drift_spectral,
+            lambda s: "`drift_spectral` reads every client's optimizer state, which DP does not release",
+            "set drift_spectral=False under dp_mode"),
+    # what a DP run releases is what the accountant covers (docs/privacy.md, "What is released")
+    Refusal(lambda s: _dp(s) and PERSONAL in s.sharing_roles.values(),
+            lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, and the model fedhf "
+                      "evaluates, saves and pushes carries their clients' exact mean, which DP neither clips nor "
+                      "noises (and the model is not meaningful without them)",
+            "use parameter_sharing='all' under dp_mode (every trained tensor is clipped and noised), or turn "
+            "dp_mode off"),
+    Refusal(lambda s: _dp(s) and s.rule.aggregator.sends_products,
+            lambda s: f"`server_rule={s.rule.name!r}` has each client send its whole LoRA product B_i A_i, not a "
+                      "change: DP's clip and fixed denominator (meant for changes) would shrink and rescale the "
+                      "adapter itself, so the base moves even when no client changes anything",
+            "use server_rule='mean' (A and B averaged as changes) under dp_mode"),
+    Refusal(lambda s: _dp(s) and s.rule.aggregator.needs_preconditioners,
+            lambda s: f"`server_rule={s.rule.name!r}` inverts the sum of the clients' preconditioners, which the "
+                      "noise makes indefinite (an unbounded step)",
+            "use a server rule that reads sums without inverting them (mean, momentum, adam, ...) under dp_mode"),
+    Refusal(lambda s: _dp(s) and s.args.personalized_eval,
+            lambda s: "`personalized_eval` evaluates each client's own model on its own rows and logs the worst "
+                      "client: per-client statistics the accountant does not cover",
+            "set personalized_eval=False under dp_mode (the global model's eval_dataset metrics stay)"),
+    # secure aggregation: the server learns the round's sums and no single client's data
+    Refusal(lambda s: s.args.secure_aggregation and PERSONAL in s.sharing_roles.values(),
+            lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, whose published mean the "
+                      "server forms from each client's unmasked tensors, but `secure_aggregation=True` gives it only "
+                      "the sums", "use parameter_sharing='all' or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and s.args.drift_spectral,
+            lambda s: "`drift_spectral` reads every client's optimizer state, but `secure_aggregation=True` gives "
+                      "the server only the sums", "set drift_spectral=False or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and s.args.personalized_eval,
+            lambda s: "`personalized_eval` evaluates each client's own model and logs per-client statistics, but "
+                      "`secure_aggregation=True` gives the server only the sums",
+            "set personalized_eval=False or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and s.args.client_weighting != "uniform",
+            lambda s: f"`client_weighting={s.args.client_weighting!r}` sends each client's row count as its weight, "
+                      "in the clear beside the masked sums (a 0-d count cannot be masked on the codec's range), and "
+                      "scales its values past the codec's range",
+            "set client_weighting='uniform' with secure_aggregation"),
+    Refusal(lambda s: s.args.secure_aggregation and _secagg_problem(s) is not None,
+            lambda s: f"`secure_aggregation=True` gives the server only the sums, but algorithm "
+                      f"{s.algorithm.name!r}: {_secagg_problem(s)}",
+            "use a server rule that reads sums (e.g. mean) or turn secure_aggregation off"),
+    Refusal(lambda s: s.args.secure_aggregation and any(not c.linear for c in
+                                                         parse_plan(s.args.uplink_compression).compressors()),
+            lambda s: f"`uplink_compression={s.args.uplink_compression!r}` encodes each client's tensors with its "
+                      "own scales or supports, but `secure_aggregation=True` sums masked fixed-point integers on one "
+                      "shared range: the masked sum of differently scaled codes means nothing",
+            "leave uplink_compression='none' under secure aggregation (its own b-bit encoding, `secagg_bits`, is "
+            "the compression) or turn secure_aggregation off"),
+    # personalised evaluation
+    Refusal(lambda s: s.args.personalized_eval and s.world.size > 1,
+            lambda s: f"`personalized_eval` runs in one process; this run has {s.world.size}",
+            "launch one process or set personalized_eval=False"),
+    # parameter sharing x server rule
+    Refusal(lambda s: PERSONAL in s.sharing_roles.values() and s.rule.aggregator.needs_preconditioners,
+            lambda s: f"`server_rule={s.rule.name!r}` mixes every preconditioned layer on the server, but "
+                      "`parameter_sharing` keeps some of them personal; use parameter_sharing='all' or another "
+                      "server_rule"),
+    Refusal(lambda s: s.sharing.preset == ROLORA and not (any(role_of(n) == LORA_A for n in s.shared)
+                                                          and any(role_of(n) == LORA_B for n in s.shared)),
+            lambda s: "`parameter_sharing='rolora'` alternates shared LoRA A and B, but the model has no shared "
+                      "trainable pair",
+            "apply a peft LoRA adapter, or choose another `parameter_sharing`"),
+    Refusal(lambda s: s.sharing.preset == ROLORA and s.needs_lora_pairs,
+            lambda s: f"`parameter_sharing='rolora'` averages one factor per round; `server_rule={s.rule.name!r}` "
+                      "aggregates the product of both. Use one or the other (e.g. server_rule='mean')"),
+    # refuses DoRA, conv LoRA and LoRA on embeddings; fan_in_fan_out only for rules that write into W
+    Refusal(lambda s: s.needs_lora_pairs,
+            check=lambda s: lora_layers(s.model, allow_fan_in_fan_out=not s.rule.aggregator.folds_into_base)),
+    Refusal(lambda s: s.needs_lora_pairs and not s.lora,
+            lambda s: f"`server_rule={s.rule.name!r}` aggregates LoRA products, but the model has no trainable "
+                      "LoRA A/B", "apply a peft LoRA adapter, or choose another server_rule"),
+    Refusal(lambda s: s.needs_lora_pairs and any(s.sharing_roles[n] != SHARED for n in s.lora),
+            lambda s: f"`server_rule={s.rule.name!r}` needs every LoRA A and B shared, but "
+                      f"`parameter_sharing={s.sharing.preset!r}` keeps some personal or frozen; use "
+                      "parameter_sharing='all' (or a personal head/norm) with it"),
+    # heterogeneous client ranks (fedhf/sharing/client_ranks.py)
+    Refusal(lambda s: _ranks(s) and not lora_pairs(_trainable(s)),
+            lambda s: "`lora_client_ranks` truncates LoRA adapters, but the model has no shared LoRA A/B",
+            "apply a peft LoRA adapter, or leave lora_client_ranks unset"),
+    Refusal(lambda s: _ranks(s) and _ranks_above(s),
+            lambda s: f"`lora_client_ranks` asks for rank {max(s.args.lora_client_ranks)}, above the adapter's rank "
+                      f"{_adapter_rank(s)}",
+            lambda s: "a client trains the first r_i components of the global adapter; use ranks <= "
+                      f"{_adapter_rank(s)} or a larger LoraConfig(r=...)"),
+    Refusal(lambda s: _ranks(s) and not s.needs_lora_pairs,
+            lambda s: "`lora_client_ranks` needs a rule that aggregates the clients' products (flexlora, flora, "
+                      f"fedex_lora, fedsvd); `server_rule={s.rule.name!r}` averages A and B, which would average "
+                      "zeros into the components a client lacks"),
+    # A client's optimizer state on the components it lacks is zero (they never get a gradient); averaged in, it
+    # would shrink the others' (Adam's v: larger steps; momentum: smaller) on exactly those components.
+    Refusal(lambda s: _ranks(s) and s.algorithm.state_sync.averages_theta,
+            lambda s: f"`lora_client_ranks` with `state_sync={s.algorithm.state_sync.name!r}`: the averaged "
+                      "optimizer state would mix a truncated client's zeros into the components it does not train; "
+                      "use state_sync='persist_local' (each client keeps its own) or 'reset'"),
+    Refusal(lambda s: _ranks(s) and _batched(s),
+            lambda s: f"`batched_clients={s.args.batched_clients}` trains clients together, but `lora_client_ranks` "
+                      "truncates each client's adapter differently; set batched_clients=1"),
+    # a rule that folds into the base weights (FedEx-LoRA, FLoRA)
+    Refusal(lambda s: s.rule.aggregator.folds_into_base and s.args.load_best_model_at_end,
+            lambda s: "`load_best_model_at_end=True` keeps the best round's trainable tensors only, but "
+                      "`server_rule` folds into the frozen base weights every round; set "
+                      "load_best_model_at_end=False (or use round checkpoints) with it"),
+    # compression (fedhf/compression/): rules that read something formed from a client's *exact* model change
+    Refusal(lambda s: s.needs_lora_pairs and bool(_compressed_delta(s, linear_ok=True)),
+            lambda s: _compressed_text(s, f"`server_rule={s.rule.name!r}` aggregates the products B_i A_i of each "
+                                          "client's exact factors, and a non-linear compressor (per-client scales, "
+                                          "supports or bases) does not keep them",
+                                       f"{_COMPRESS_OTHERS} use a server_rule that averages A and B (mean)",
+                                       linear_ok=True)),
+    Refusal(lambda s: s.rule.aggregator.gathers and bool(_compressed_delta(s)),
+            lambda s: _compressed_text(s, f"the robust `server_rule={s.rule.name!r}` gathers each client's "
+                                          "uncompressed update", f"{_COMPRESS_OTHERS} use a mean-based server_rule")),
+    Refusal(lambda s: s.rule.aggregator.needs_preconditioners and bool(_compressed_delta(s)),
+            lambda s: _compressed_text(s, f"`server_rule={s.rule.name!r}` mixes Delta_i P_i formed from each "
+                                          "client's exact change", f"{_COMPRESS_OTHERS} use another server_rule")),
+    Refusal(lambda s: (s.sharing.preset == ROLORA or s.rule.aggregator.freezes_lora_a) and bool(_compressed_delta(s)),
+            lambda s: _compressed_text(s, "a LoRA factor frozen on the clients (`parameter_sharing='rolora'`, "
+                                          "`server_rule='fedsvd'`) makes the change a declared-size message that a "
+                                          "compressor would skip", f"{_COMPRESS_OTHERS} use parameter_sharing='all'")),
+    Refusal(lambda s: parse_plan(s.args.downlink_compression).active
+            and (s.needs_lora_pairs or s.rule.aggregator.folds_into_base),
+            lambda s: f"`downlink_compression={s.args.downlink_compression!r}` has the clients train from an "
+                      f"approximate model, but `server_rule={s.rule.name!r}` forms its LoRA products and base "
+                      "residual from the server's exact A and B",
+            "leave downlink_compression='none' with it, or use a server_rule that averages A and B (mean)"),
+    # batched clients: one message for all the settings that stop clients from sharing a forward/backward
+    Refusal(_batched, check=lambda s: _stackable(s.model)),  # names the modules that cannot be stacked
+    Refusal(lambda s: _batched(s) and (s.sharing.preset == ROLORA or s.rule.aggregator.freezes_lora_a),
+            lambda s: "a LoRA factor frozen on the clients (`parameter_sharing='rolora'`, `server_rule='fedsvd'`)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and PERSONAL in s.sharing_roles.values(),
+            lambda s: "personal tensors (`parameter_sharing`: each client would need its own copy loaded)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(federated_buffers(s.model)),
+            lambda s: "the model has averaged buffers (BatchNorm statistics would mix the clients' rows)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(s.args.neftune_noise_alpha),
+            lambda s: "`neftune_noise_alpha` (its noise is drawn per forward pass)", group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(s.args.label_smoothing_factor),
+            lambda s: "`label_smoothing_factor` (the per-client loss is the model's plain loss)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and s.compute_loss_func is not None,
+            lambda s: "a `compute_loss_func` (the per-client loss is computed from the logits)",
+            group="batched_clients"),
+    Refusal(lambda s: _batched(s) and bool(_overridden_loss(s)), _overridden_text, group="batched_clients"),
+    # client-parallel: one message likewise
+    Refusal(lambda s: s.args.client_parallel and _batched(s),
+            lambda s: f"`batched_clients={s.args.batched_clients}` (set it to 1: a batched chunk cannot be split "
+                      "across processes)", group="client_parallel"),
+    Refusal(lambda s: s.args.client_parallel and bool(federated_buffers(s.model)),
+            lambda s: "a model with averaged buffers (BatchNorm statistics of a row shard are not the batch's)",
+            group="client_parallel"),
+    Refusal(lambda s: s.args.client_parallel and (s.compute_loss_func is not None or s.loss_is_scaled_for_ga),
+            lambda s: "a `compute_loss_func` (each shard's loss must be the model's own mean to be weighted)",
+            group="client_parallel"),
+]
+
+# one setting's problems in one message: (head, fix)
+GROUPS: Dict[str, tuple] = {
+    "batched_clients": (lambda s: f"`batched_clients={s.args.batched_clients}` cannot train clients together with ",
+                        "Set `batched_clients=1` or change that setting."),
+    "client_parallel": (lambda s: "`client_parallel=True` cannot run with ",
+                        "Turn client_parallel off or change that setting."),
+}
+
+
+def _stackable(model) -> None:
+    from ...runtime.stacked_adapters import trainable_linears
+
+    trainable_linears(model)
+
+
+def check_combinations(trainer) -> None:
+    """Raise the first refusal of the table that applies (a group's problems together, in one message)."""
+    s = Setup(trainer)
+    grouped: Dict[str, List[str]] = {}
+    for row in COMBINATIONS:
+        if row.group and grouped.get(row.group) is None:
+            grouped[row.group] = []
+        if not row.when(s):
+            continue
+        if row.check is not None:
+            row.check(s)
+        elif row.group:
+            grouped[row.group].append(row.problem(s))
+        else:
+            raise ValueError(row.message(s))
+    for group, problems in grouped.items():
+        if problems:
+            head, fix = GROUPS[group]
+            raise ValueError(head(s) + "; ".join(problems) + ". " + fix)

@@ -1,0 +1,264 @@
+"""The privacy settings: their fields (:class:`PrivacySettings`, a base of ``FederatedConfig``), their values,
+checked when the config is made (before any work), and what follows from them: the delta, the expected cohort, the
+noise multiplier (given, or calibrated from a target epsilon for the planned rounds and sampling) and the
+secure-aggregation codec's range. The round hook is fedhf/trainer/hooks/privacy.py."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ...privacy import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, adaptive_noise_split, calibrate_noise
+from ...privacy.secagg import SecAggCodec
+
+DP_MODES = ("off", "central", "distributed")
+
+
+@dataclass
+class PrivacySettings:
+    r"""
+    Client-level differential privacy and simulated secure aggregation (docs/privacy.md), a base of
+    :class:`fedhf.FederatedConfig` (each parameter is its flag or recipe key).
+
+    Parameters:
+        client_sampling (`str`, defaults to `"fixed"`): how a round's clients are drawn (fixed size or Poisson).
+        dp_mode (`str`, defaults to `"off"`): client-level differential privacy: off, central or distributed noise.
+        dp_clip_norm (`float`, *optional*): the bound C on the joint L2 norm of each client's message.
+        dp_epsilon (`float`, *optional*): the target (or budget) epsilon; sigma is calibrated to it when not given.
+        dp_delta (`float`, *optional*): delta; default 1 / num_clients^1.1.
+        dp_noise_multiplier (`float`, *optional*): sigma (noise std sigma C on the sum).
+        dp_accountant (`str`, defaults to `"rdp"`): rdp or pld (tighter; Poisson sampling only).
+        dp_stop_at_budget (`bool`, defaults to `False`): stop before a round would exceed dp_epsilon.
+        dp_adaptive_clip_quantile (`float`, *optional*): adaptive clipping's target quantile of the norms.
+        dp_adaptive_clip_lr (`float`, defaults to `0.2`): adaptive clipping's step on log C.
+        dp_adaptive_clip_count_std (`float`, *optional*): noise std of the clipped count; default cohort / 20.
+        dp_min_survivors (`int`, *optional*): distributed DP: the fewest clients a round may be released with.
+        dp_reproducible_noise (`bool`, defaults to `False`): noise from the seed (tests only; voids the guarantee).
+        secure_aggregation (`bool`, defaults to `False`): simulate secure aggregation (masked, quantised sums).
+        secagg_bits (`int`, defaults to `20`): bits per element of the fixed-point encoding.
+        secagg_range (`float`, *optional*): the encoding's range [-c, c]; default C under DP, else 8.0.
+    """
+
+    client_sampling: str = field(
+        default="fixed",
+        metadata={"help": "How a round's clients are drawn: 'fixed' (clients_per_round of them, without replacement) "
+                          "or 'poisson' (each joins with probability clients_per_round / num_clients, the sampling "
+                          "client-level DP accounting assumes; the cohort size varies)."})
+    dp_mode: str = field(
+        default="off",
+        metadata={"help": "Client-level differential privacy: 'off', 'central' (each message clipped to dp_clip_norm, "
+                          "Gaussian noise sigma C on the sums) or 'distributed' (each client adds its share "
+                          "sigma C / sqrt(dp_min_survivors) before a secure sum; needs secure_aggregation)."})
+    dp_clip_norm: Optional[float] = field(
+        default=None, metadata={"help": "C: every client's whole message (model delta and any state it sends) is "
+                                        "scaled to joint L2 norm <= C; with adaptive clipping, the initial C."})
+    dp_epsilon: Optional[float] = field(
+        default=None, metadata={"help": "Target epsilon: the noise multiplier is calibrated to reach it after "
+                                        "num_rounds; with dp_noise_multiplier given, the budget."})
+    dp_delta: Optional[float] = field(
+        default=None, metadata={"help": "delta of the (epsilon, delta) guarantee; default 1 / num_clients**1.1."})
+    dp_noise_multiplier: Optional[float] = field(
+        default=None, metadata={"help": "sigma: the noise on the sums has std sigma * C. Default: calibrated to "
+                                        "dp_epsilon."})
+    dp_accountant: str = field(
+        default="rdp", metadata={"help": "Privacy accountant of dp-accounting: 'rdp' or 'pld' (tighter; Poisson "
+                                         "sampling only)."})
+    dp_stop_at_budget: bool = field(
+        default=False, metadata={"help": "Stop the run before a round would spend more than dp_epsilon."})
+    dp_adaptive_clip_quantile: Optional[float] = field(
+        default=None, metadata={"help": "Adaptive clipping (Andrew et al. 2021): C follows this quantile of the "
+                                        "clients' norms, from a noisy count; None = fixed C."})
+    dp_adaptive_clip_lr: float = field(
+        default=0.2, metadata={"help": "Adaptive clipping's step: C <- C exp(-lr (fraction below C - quantile))."})
+    dp_adaptive_clip_count_std: Optional[float] = field(
+        default=None, metadata={"help": "Noise std of adaptive clipping's count; default clients_per_round / 20."})
+    dp_min_survivors: Optional[int] = field(
+        default=None,
+        metadata={"help": "Distributed DP: each client's noise share is sized so that this many survivors' shares "
+                          "together carry the accounted noise; a round with fewer survivors (clients dropped after "
+                          "the masks were agreed) is not released. Default: clients_per_round (any dropout voids "
+                          "the round)."})
+    dp_reproducible_noise: bool = field(
+        default=False,
+        metadata={"help": "VOIDS THE PRIVACY GUARANTEE; for tests and debugging only. Draw the DP noise, the noise "
+                          "shares and secure aggregation's masks from the run's seed (which the model card prints) "
+                          "instead of a secret from the operating system's entropy, so runs repeat exactly. The "
+                          "card then says so; refused with push_to_hub."})
+    secure_aggregation: bool = field(
+        default=False,
+        metadata={"help": "Simulate secure aggregation: messages quantised to secagg_bits, masked with pairwise "
+                          "masks mod 2^32 that cancel in the sum; the server decodes the sum only. Refused for server "
+                          "rules that read individual client updates."})
+    secagg_bits: int = field(default=20, metadata={"help": "Bits per element of secure aggregation's encoding."})
+    secagg_range: Optional[float] = field(
+        default=None, metadata={"help": "Secure aggregation encodes values in [-c, c] (clamped); default the clip "
+                                        "norm under DP, else 8.0."})
+
+
+def dp_on(args) -> bool:
+    return args.dp_mode != "off"
+
+
+def dp_delta(args) -> float:
+    """The given delta, else 1 / N^1.1 (below 1/N, as a client-level guarantee needs)."""
+    return args.dp_delta if args.dp_delta is not None else 1.0 / args.num_clients ** 1.1
+
+
+def count_std(args) -> float:
+    """Adaptive clipping's noise on the clipped count: given, else the expected cohort / 20 (Andrew et al.'s
+    choice)."""
+    if args.dp_adaptive_clip_count_std is not None:
+        return args.dp_adaptive_clip_count_std
+    return args.clients_per_round / 20.0
+
+
+def noise_multiplier(args) -> float:
+    """z, the accounted noise multiplier: the given one, else calibrated to reach ``dp_epsilon`` after
+    ``num_rounds`` rounds from below."""
+    if args.dp_noise_multiplier is not None:
+        return float(args.dp_noise_multiplier)
+    return calibrate_noise(args.dp_epsilon, dp_delta(args), args.num_rounds, args.client_sampling,
+                           args.num_clients, args.clients_per_round, args.dp_accountant)
+
+
+def sums_noise_multiplier(args, z: float) -> float:
+    """The noise multiplier the sums get: z, or with adaptive clipping the part left after the count's share."""
+    if args.dp_adaptive_clip_quantile is None:
+        return z
+    return adaptive_noise_split(z, count_std(args))
+
+
+def min_survivors(args) -> int:
+    """Distributed DP: the fewest survivors whose shares carry the accounted noise (default the whole cohort)."""
+    return args.dp_min_survivors if args.dp_min_survivors is not None else args.clients_per_round
+
+
+def share_noise_multiplier(args, z_sums: float) -> float:
+    """Distributed DP: one client's share of the noise, per unit of C: z / sqrt(S_min), so that any S_min or more
+    surviving shares sum to at least the accounted z C."""
+    return z_sums / math.sqrt(min_survivors(args))
+
+
+def accountant(args, z: float) -> PrivacyAccountant:
+    return PrivacyAccountant(z, dp_delta(args), args.client_sampling, args.num_clients, args.clients_per_round,
+                             args.dp_accountant)
+
+
+def secagg_codec(args, z_sums: Optional[float]) -> SecAggCodec:
+    """The codec's range: ``secagg_range`` if set; else under DP the clip norm C (no element of a clipped message
+    exceeds it), widened by 4 noise stds under distributed DP; else 8.0 (Flower's default clipping range)."""
+    if args.secagg_range is not None:
+        clip_range = args.secagg_range
+    elif dp_on(args):
+        share = share_noise_multiplier(args, z_sums) if args.dp_mode == "distributed" else 0.0
+        clip_range = args.dp_clip_norm * (1.0 + 4.0 * share)
+    else:
+        clip_range = 8.0
+    return SecAggCodec(args.secagg_bits, clip_range, args.seed)
+
+
+def check_privacy_fields(args) -> None:
+    """Each privacy field's value, and the pairs that cannot work, with the fix named."""
+    on = dp_on(args)
+    checks = [
+        (args.client_sampling in SAMPLINGS, f"`client_sampling` must be one of {SAMPLINGS}"),
+        (args.dp_mode in DP_MODES, f"`dp_mode` must be one of {DP_MODES}"),
+        (args.dp_accountant in ACCOUNTANTS, f"`dp_accountant` must be one of {ACCOUNTANTS}"),
+        (not on or (args.dp_clip_norm is not None and args.dp_clip_norm > 0),
+         "differential privacy needs `dp_clip_norm` > 0 (the bound C on each client's message norm), e.g. 1.0"),
+        (not on or args.dp_noise_multiplier is not None or args.dp_epsilon is not None,
+         "differential privacy needs a target `dp_epsilon` (the noise is calibrated to it) or a "
+         "`dp_noise_multiplier`"),
+        (args.dp_noise_multiplier is None or args.dp_noise_multiplier >= 0, "`dp_noise_multiplier` must be >= 0"),
+        (args.dp_epsilon is None or args.dp_epsilon > 0, "`dp_epsilon` must be > 0"),
+        (args.dp_delta is None or 0 < args.dp_delta < 1, "`dp_delta` must be in (0, 1), e.g. 1e-5"),
+        (args.dp_adaptive_clip_quantile is None or 0 < args.dp_adaptive_clip_quantile < 1,
+         "`dp_adaptive_clip_quantile` must be in (0, 1), e.g. 0.5"),
+        (args.dp_adaptive_clip_lr > 0, "`dp_adaptive_clip_lr` must be > 0, e.g. 0.2"),
+        (args.dp_adaptive_clip_count_std is None or args.dp_adaptive_clip_count_std > 0,
+         "`dp_adaptive_clip_count_std` must be > 0"),
+        (1 <= args.secagg_bits <= 31, "`secagg_bits` must be in [1, 31] (the sums live in Z_2^32), e.g. 20"),
+        (args.secagg_range is None or args.secagg_range > 0, "`secagg_range` must be > 0"),
+        (not (on and args.dp_adaptive_clip_quantile is not None and args.dp_noise_multiplier == 0),
+         "adaptive clipping needs noise on its count: dp_noise_multiplier=0 gives it none; set "
+         "dp_noise_multiplier > 0 (or dp_adaptive_clip_quantile=None for a fixed dp_clip_norm)"),
+        (args.dp_min_survivors is None or args.dp_mode == "distributed",
+         "`dp_min_survivors` sizes distributed DP's noise shares: set dp_mode='distributed' or leave it unset"),
+        (args.dp_min_survivors is None or 1 <= args.dp_min_survivors <= args.clients_per_round,
+         f"`dp_min_survivors` must be in [1, clients_per_round={args.clients_per_round}]"),
+        (not (args.dp_reproducible_noise and args.push_to_hub),
+         "`dp_reproducible_noise=True` draws the noise from the seed the model card prints, which voids the privacy "
+         "guarantee: it is for tests only and cannot be combined with push_to_hub; set dp_reproducible_noise=False"),
+        (not args.dp_reproducible_noise or on or args.secure_aggregation,
+         "`dp_reproducible_noise` is set but neither dp_mode nor secure_aggregation is on: leave it unset"),
+        (args.dp_adaptive_clip_quantile is None or not args.secure_aggregation,
+         "adaptive clipping's per-client bit (norm <= C) is not part of the secure sum here, so the server would see "
+         "it in the clear: set dp_adaptive_clip_quantile=None (a fixed dp_clip_norm) with secure_aggregation"),
+        (not (on and args.dp_accountant == "pld" and args.client_sampling == "fixed"),
+         "the PLD accountant has no event for fixed-size sampling without replacement: set dp_accountant='rdp' or "
+         "client_sampling='poisson'"),
+        (args.dp_mode != "distributed" or args.secure_aggregation,
+         "`dp_mode='distributed'` adds a share of the noise on each client, which protects nothing unless the "
+         "server sees only the sum: set secure_aggregation=True (or dp_mode='central')"),
+        (args.dp_mode != "distributed" or args.client_sampling == "fixed",
+         "`dp_mode='distributed'` splits the noise over a known cohort size S; Poisson sampling's cohort varies: "
+         "set client_sampling='fixed' (or dp_mode='central')"),
+        (not (args.secure_aggregation and args.client_sampling == "poisson"
+              and args.num_clients > SecAggCodec(args.secagg_bits, 1.0, 0).max_clients)
+         and not (args.secure_aggregation and args.clients_per_round > SecAggCodec(args.secagg_bits, 1.0, 0).max_clients),
+         f"`secagg_bits={args.secagg_bits}` lets at most {SecAggCodec(args.secagg_bits, 1.0, 0).max_clients} "
+         "clients be summed below 2^32; lower secagg_bits or the cohort (clients_per_round)"),
+        (on or (args.dp_epsilon is None and args.dp_noise_multiplier is None and args.dp_clip_norm is None
+                and args.dp_adaptive_clip_quantile is None and not args.dp_stop_at_budget),
+         "a `dp_*` setting is set but `dp_mode` is 'off': set dp_mode='central' (or 'distributed') to use it"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message + ".")
+    if on and args.dp_adaptive_clip_quantile is not None:
+        z = args.dp_noise_multiplier if args.dp_noise_multiplier is not None else None
+        if z is not None:
+            adaptive_noise_split(z, count_std(args))  # raises with the fix when the count's noise is too small
+    if on and args.dp_noise_multiplier is not None and args.dp_epsilon is not None:
+        first = accountant(args, args.dp_noise_multiplier).epsilon(1)
+        if args.dp_stop_at_budget and first > args.dp_epsilon:  # the run would stop before its first round
+            raise ValueError(f"one round at dp_noise_multiplier={args.dp_noise_multiplier} spends epsilon {first:.3g} "
+                             f"> dp_epsilon={args.dp_epsilon}: not even the first round fits the budget; raise "
+                             "dp_noise_multiplier, or leave it unset to calibrate it to dp_epsilon.")
+        planned = accountant(args, args.dp_noise_multiplier).epsilon(args.num_rounds)
+        if planned > args.dp_epsilon and not args.dp_stop_at_budget:
+            raise ValueError(f"`num_rounds={args.num_rounds}` with dp_noise_multiplier={args.dp_noise_multiplier} "
+                             f"spends epsilon {planned:.3g} > dp_epsilon={args.dp_epsilon}: set "
+                             "dp_stop_at_budget=True (the run stops before the budget is exceeded), lower num_rounds, "
+                             "raise dp_noise_multiplier, or leave it unset to calibrate it.")
+
+
+def privacy_card_rows(args, history) -> list:
+    """The model card's rows for the privacy guarantee (empty when neither DP nor secure aggregation was on): the
+    epsilon the whole run spent (every round's release counts, whichever round is saved)."""
+    rows = []
+    spent = [h for h in history if "dp_epsilon" in h]
+    if dp_on(args) and spent:
+        last = spent[-1]
+        sampling = (f"Poisson, q = {args.clients_per_round}/{args.num_clients}" if args.client_sampling == "poisson"
+                    else f"fixed size {args.clients_per_round} of {args.num_clients} without replacement "
+                         "(replace-one neighbours)")
+        clip = (f"adaptive (quantile {args.dp_adaptive_clip_quantile}), last C = {last['dp_clip_norm']:.4g}"
+                if args.dp_adaptive_clip_quantile is not None else f"{last['dp_clip_norm']:.4g}")
+        rows += [
+            f"| differential privacy | client-level (the unit is one client's whole data), {args.dp_mode} noise |",
+            f"| privacy spent (epsilon, delta) | ({last['dp_epsilon']:.4g}, {dp_delta(args):.3g}) after "
+            f"{last['round']} rounds |",
+            f"| accountant / client sampling | dp-accounting {args.dp_accountant.upper()} / {sampling} |",
+            f"| clip norm C / noise multiplier sigma | {clip} / {last['dp_noise_multiplier']:.4g} |",
+        ]
+        if "dp_epsilon_vs_server_one_round" in last:
+            rows.append(f"| epsilon against the server (it knows the cohort; no amplification by sampling) | "
+                        f"{last['dp_epsilon_vs_server_one_round']:.4g} per round a client takes part, "
+                        f"{last['dp_epsilon_vs_server_every_round']:.4g} for a client in all {last['round']} rounds |")
+    if (dp_on(args) or args.secure_aggregation) and args.dp_reproducible_noise:
+        rows.append("| noise | simulation: noise reproducible from the seed, no guarantee |")
+    if args.secure_aggregation:
+        rows.append(f"| secure aggregation (simulated) | {args.secagg_bits}-bit fixed point, pairwise masks mod 2^32 |")
+    return rows

@@ -1,0 +1,102 @@
+"""How a round's clients are trained, chosen once when the trainer is built (:func:`choose_runner`), as peft
+resolves a LoRA variant once from its config:
+
+* :class:`SequentialClients`: one client at a time on the resident model (the default);
+* :class:`ClientParallelClients` (``client_parallel=True`` over several processes): every process trains every
+  sampled client, each micro-batch split in row shards over the processes (fedhf/trainer/runners/client_parallel.py);
+* :class:`fedhf.trainer.runners.batched_round.BatchedClients` (``batched_clients = C > 1``): C clients share each
+  forward/backward through stacked copies of the adapter.
+
+A runner has one entry point, :meth:`Runner.train_clients`: this process's share of the round's clients, their
+messages into the round's sums. Every runner trains a client with the same steps (fedhf/trainer/runners/local_steps.py);
+they differ only in which clients share a backward and how it is computed.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from tqdm.auto import tqdm
+
+from ...core.context import ClientContext, TrainedPart
+from ...core.params import load_into, num_bytes
+from ...core.sums import RoundSums
+from .client_parallel import accumulate_shards
+
+
+class Runner:
+    """Trains this process's clients of a round in chunks of ``size`` (each chunk from the global model)."""
+
+    size = 1
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+
+    def train_clients(self, run, clients: Sequence[int], round_lr: float, sums: RoundSums) -> None:
+        trainer, args, r = self.trainer, self.trainer.args, run.rounds_done
+        downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
+                                                           run.correction_state, run.sync_state))
+        downlink_each += num_bytes(run.base_params) if r else 0  # FedEx-LoRA: the residual folded into the base
+        downlink_each = trainer.hooks.broadcast_bytes(trainer, run, downlink_each)  # a compressed downlink: encoded
+        mine = trainer.world.clients_of_this_process(sorted(clients))
+        counted = sums if trainer.world.sends_messages else RoundSums()  # client_parallel: each client counted once
+        chunks = [mine[i:i + self.size] for i in range(0, len(mine), self.size)]
+        for chunk in tqdm(chunks, desc=f"round {r + 1}/{args.num_rounds}", leave=False,
+                          disable=args.disable_tqdm or not trainer.is_local_process_zero()):
+            contexts = [self.context(run, cid, clients, round_lr) for cid in chunk]
+            load_into(trainer.plan.params, run.global_params)
+            load_into(trainer.plan.buffers, run.global_buffers)
+            self.train_chunk(run, contexts, counted)
+            counted.add("downlink_bytes", downlink_each * len(chunk))
+
+    def context(self, run, cid: int, clients: Sequence[int], round_lr: float) -> ClientContext:
+        trainer, args, algo = self.trainer, self.trainer.args, self.trainer.algorithm
+        return ClientContext(
+            client_id=cid, round=run.rounds_done, round_lr=round_lr, local_lr=round_lr * algo.correction.lr_scale,
+            local_steps=args.local_steps, weight=trainer.client_data.weight(cid), params=trainer.plan.params,
+            global_params=run.global_params, correction_state=run.correction_state, store=trainer.client_store,
+            sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
+            trained=TrainedPart(trainer.plan.frozen_now(), trainer.plan.masks(cid)))
+
+    def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
+        raise NotImplementedError
+
+
+class SequentialClients(Runner):
+    """One client at a time: its personal tensors loaded, begin, K steps, finish."""
+
+    def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
+        trainer, ctx = self.trainer, contexts[0]
+        trainer.plan.load_personal(trainer.client_store, ctx.client_id, run.personal_init)
+        optimizer = trainer._begin_client(ctx)
+        loss_sum = trainer._local_steps(ctx, optimizer)
+        trainer._finish_client(ctx, optimizer, loss_sum, trainer.plan.buffers, sums)
+
+    def local_steps(self, ctx: ClientContext, optimizer) -> float:
+        trainer = self.trainer
+        trainer.optimizer = optimizer  # Trainer's attribute, as in its own loop
+        loss_sum = trainer.local.run([ctx], [optimizer], self.backward)[0]
+        trainer.optimizer = None
+        return float(loss_sum)
+
+    def backward(self, micro: List[List[dict]]) -> list:
+        return [self.trainer.local.accumulate(micro[0])]
+
+
+class ClientParallelClients(SequentialClients):
+    """Every process trains the client; each micro-batch is split in row shards over the processes."""
+
+    def backward(self, micro: List[List[dict]]) -> list:
+        return [accumulate_shards(self.trainer, micro[0])]
+
+
+def choose_runner(trainer) -> Runner:
+    """The runner this trainer's settings ask for (their combinations are checked before, fedhf/trainer/config/combinations.py)."""
+    from .batched_round import BatchedClients
+
+    args, world = trainer.args, trainer.world
+    if args.batched_clients > 1:
+        return BatchedClients(trainer)
+    if world.client_parallel and world.size > 1:
+        return ClientParallelClients(trainer)
+    return SequentialClients(trainer)

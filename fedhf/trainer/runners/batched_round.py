@@ -1,0 +1,118 @@
+"""The runner of ``batched_clients``: C of a round's clients trained together (fedhf/runtime/stacked_adapters.py).
+
+Each client keeps everything it has when trained alone: its own data stream (the same batches, in the same
+order), its optimizer and optimizer state, its correction, its state-sync warm start, its clipping, its message;
+an optimizer's own passes over the model (Sophia's curvature probe, FOOF's statistics) route every row through
+its client's copy.
+Only the forward/backward is shared: one pass over the C clients' concatenated micro-batches, whose loss is the
+sum of each client's own mean (over its label tokens or rows across the step's micro-batches, as
+:meth:`fedhf.trainer.runners.local_steps.LocalSteps.accumulate` weighs them), so each client's copy of the adapter receives exactly its own
+gradient. The global model equals sequential training up to float rounding (the base runs on a larger batch).
+
+What cannot be shared is refused when the trainer is built (fedhf/trainer/config/combinations.py), with the fix named.
+Dropout draws its masks for the concatenated batch (same distribution, another random stream than sequential
+clients), so bit-equality with sequential training needs a model without active dropout.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from ...core.sums import RoundSums
+from ...runtime.stacked_adapters import (Routing, StackedClients, concat_batches, model_pad_id, per_client, row_losses,
+                                        stacked_clients, to_device)
+from ...core.context import ClientContext
+from ...runtime.labelled_logits import at_labelled_positions, row_losses_at
+from ...runtime.model_outputs import logits_of, loss_items
+from ...optim import ModelAccess
+from .base import Runner
+
+
+def _random_state():
+    return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+
+def _set_random_state(state) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+class BatchedClients(Runner):
+    """The runner for ``batched_clients = C > 1``: chunks of C clients, each with its own copy of the adapters."""
+
+    def __init__(self, trainer) -> None:
+        super().__init__(trainer)
+        self.size = trainer.args.batched_clients
+
+    def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
+        """No personal tensors here (refused): nothing per client to load."""
+        trainer = self.trainer
+        with stacked_clients(trainer.model, len(contexts)) as stack:
+            routing = stack.routing
+            optimizers, random_states = [], []
+            for c, (ctx, params) in enumerate(zip(contexts, stack.views)):
+                ctx.params = params  # the client's own copy of the adapters
+                optimizers.append(trainer._begin_client(ctx, self._routed_access(ctx, routing, c, len(contexts))))
+                random_states.append(_random_state())  # its own stream (seeded in _begin_client), kept apart
+
+            def before_forward(step, optimizers, micro):
+                for c, (optimizer, batches) in enumerate(zip(optimizers, micro)):
+                    _set_random_state(random_states[c])  # e.g. Sophia's sampled labels: as if trained alone
+                    optimizer.before_forward(step, batches[0])
+                    random_states[c] = _random_state()
+
+            losses = trainer.local.run(contexts, optimizers, lambda micro: self._shared_backward(micro, stack),
+                                       before_forward)
+            for ctx, optimizer, loss in zip(contexts, optimizers, losses):
+                trainer._finish_client(ctx, optimizer, loss, trainer.plan.buffers, sums)
+
+    def _routed_access(self, ctx: ClientContext, routing: Routing, client: int, copies: int) -> ModelAccess:
+        """The client's ModelAccess with every row of a batch routed through its own copy (curvature passes)."""
+        access = self.trainer.client_data.model_access(ctx)
+
+        def routed(pass_):
+            def run(batch):
+                routing.only(client, copies, len(next(v for v in batch.values() if torch.is_tensor(v))))
+                return pass_(batch)
+            return run
+
+        return ModelAccess(access.model, routed(access.loss), routed(access.logits), access.batches)
+
+    def _shared_backward(self, micro: List[List[dict]], stack: StackedClients) -> torch.Tensor:
+        """One backward per micro-batch over the clients' concatenated rows, then each client's gradient handed
+        to its parameters; returns each client's step loss (its mean over the step's micro-batches), shape (C,),
+        on the model's device (read once per client at the end of its round, not per step)."""
+        trainer = self.trainer
+        shifted = trainer._loss_shifts_labels
+        items = torch.tensor([max(sum(loss_items(b, shifted) for b in batches), 1) for batches in micro],
+                             dtype=torch.float64)
+        step_loss = 0.0
+        pad_id = model_pad_id(trainer.model)
+        for m in range(len(micro[0])):
+            batch, rows = concat_batches([batches[m] for batches in micro], pad_id)
+            stack.routing.route(rows.segments)
+            step_loss = step_loss + self.fused_pass(batch, stack, items)
+        stack.grads_to_clients()
+        return step_loss
+
+    def fused_pass(self, batch: dict, stack: StackedClients, items: torch.Tensor) -> torch.Tensor:
+        """The forward and backward of the C clients' concatenated (host) ``batch``, routed by ``stack.routing``;
+        returns each client's loss (its summed loss over ``items``, its label tokens or rows), detached, (C,).
+        Its aten ops do not grow with C (benchmarks/batched_clients.py counts them): one batched matmul per
+        stacked linear, fixed-size gathers, one index_add for the per-client sums, no read of the device."""
+        trainer = self.trainer
+        if trainer.labelled_logits:  # the head where labels are: positions chosen on the host batch
+            batch = at_labelled_positions(batch)
+        inputs = trainer._prepare_inputs(batch)
+        labels, shift_labels = inputs.pop("labels"), inputs.pop("shift_labels", None)
+        with trainer.autocast_smart_context_manager():
+            logits = logits_of(trainer.model(**inputs))
+        losses = (row_losses(logits, labels, trainer._loss_shifts_labels) if shift_labels is None
+                  else row_losses_at(logits, shift_labels))
+        client_loss = per_client(losses, stack.routing) / to_device(items, logits.device)
+        trainer.accelerator.backward(client_loss.sum())
+        return client_loss.detach().double()

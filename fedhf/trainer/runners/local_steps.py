@@ -1,0 +1,183 @@
+"""One client's round, written once for every runner (fedhf/trainer/runners/base.py): begin (its correction, seeded
+streams and optimizer), K local steps (the optimizer's ``before_forward``, the backward the runner gives, clipping,
+the correction's hooks around the optimizer step under fp16 loss scaling), and finish (its messages, through the
+round hooks, into the round's sums, or its exclusion).
+
+The runners reach these through the trainer's ``_begin_client``, ``_local_steps``, ``_finish_client`` and
+``_faulty`` (as Trainer's loop reaches ``training_step``), so a subclass of the trainer may override them; the
+backward always goes through the trainer's ``training_step`` (and so ``compute_loss``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+from transformers.utils import logging
+
+from ...core.context import ClientContext
+from ...core.message import Message
+from ...core.params import TensorDict, difference, snapshot
+from ...core.schedule import stream_seed
+from ...core.sums import RoundSums
+from ...optim import ModelAccess, OptimizerHooks
+from ...runtime.labelled_logits import at_labelled_positions
+from ...runtime.model_outputs import loss_items
+from ..hooks.base import ClientMessages
+from .labelled_positions import own_loss
+
+logger = logging.get_logger(__name__)
+Backward = Callable[[List[List[dict]]], Sequence]  # each client's step micro-batches -> each client's step loss
+
+
+def faulty(loss_sum: float, delta: TensorDict, bound: Optional[float]) -> Optional[str]:
+    """Why a client's result cannot enter the round (None: it can)."""
+    if not math.isfinite(loss_sum):
+        return "non-finite loss"
+    squared = sum(d.double().pow(2).sum() for d in delta.values())
+    if not torch.isfinite(squared):
+        return "non-finite update"
+    if bound is not None and squared.sqrt() > bound:
+        return f"update norm {squared.sqrt():.3g} > max_update_norm {bound}"
+    return None
+
+
+def each_before_forward(step: int, optimizers: Sequence[OptimizerHooks], micro: List[List[dict]]) -> None:
+    """The optimizers' per-step hook (curvature refreshes) on each client's first micro-batch of the step."""
+    for optimizer, batches in zip(optimizers, micro):
+        optimizer.before_forward(step, batches[0])
+
+
+class LocalSteps:
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        # each training client's correction state: what its client_begin returned, handed back to its step hooks
+        # and its client_end (a batched chunk trains several clients at once)
+        self.correction_rounds: Dict[int, object] = {}
+
+    def begin(self, ctx: ClientContext, access: Optional[ModelAccess] = None) -> OptimizerHooks:
+        """The client's correction, seeded streams and optimizer (with its state-sync warm start and the
+        model-aware part of its round: ``access``, by default the trainer's ``client_data.model_access``)."""
+        trainer = self.trainer
+        algo = trainer.algorithm
+        trainer.plan.begin_client(ctx.client_id)  # lora_client_ranks: its first r_i components only
+        self.correction_rounds[ctx.client_id] = algo.correction.client_begin(ctx)
+        torch.manual_seed(stream_seed(trainer.args.seed, ctx.round, ctx.client_id, 1))  # dropout, curvature draws
+        # Train mode before anything runs the model: curvature hooks run before training_step (which would set
+        # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
+        trainer.model.train()
+        optimizer = algo.local_optimizer.build(trainer.plan.trained(ctx.params), ctx.local_lr)  # shared + personal
+        algo.state_sync.client_begin(ctx, trainer.plan.theta_target(optimizer))  # RoLoRA: the trained factor's Theta
+        optimizer.attach(access or trainer.client_data.model_access(ctx))
+        return optimizer
+
+    def run(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks], backward: Backward,
+            before_forward=each_before_forward) -> List:
+        """K local steps of the clients trained together (one, or a batched chunk); returns each client's summed
+        loss (read from the model's device once per client, not once per step: a read waits for the device's
+        queued work). A local step is one optimizer step over ``gradient_accumulation_steps`` micro-batches;
+        curvature refreshes (on the first micro-batch), clipping and corrections act once per step."""
+        trainer = self.trainer
+        args = trainer.args
+        streams = [trainer.client_data.batches(ctx.client_id, ctx.round) for ctx in contexts]
+        totals = [0.0] * len(contexts)
+        for step in range(args.local_steps):
+            micro = [[next(s) for _ in range(args.gradient_accumulation_steps)] for s in streams]
+            before_forward(step, optimizers, micro)
+            for c, loss in enumerate(backward(micro)):
+                totals[c] = totals[c] + loss
+            for ctx, optimizer in zip(contexts, optimizers):
+                self.optimizer_step(ctx, optimizer)  # ends with the client's zero_grad
+            trainer.loss_scale.update()  # fp16: one scale update per step, for every client of the step
+        for optimizer in optimizers:
+            optimizer.end_round()
+        return totals
+
+    def optimizer_step(self, ctx: ClientContext, optimizer: OptimizerHooks) -> None:
+        """Clip the gradient, then the correction's hooks around the optimizer's step (see fedhf.corrections); under
+        fp16 on unscaled gradients, and skipped when one overflowed (fedhf/trainer/runners/loss_scaling.py)."""
+        trained = self.trainer.plan.trained(ctx.params).values()
+        self.trainer.loss_scale.step(trained, lambda: self._clipped_step(ctx, optimizer, trained))
+        optimizer.zero_grad(set_to_none=True)
+
+    def _clipped_step(self, ctx: ClientContext, optimizer: OptimizerHooks, trained) -> None:
+        trainer = self.trainer
+        max_norm = trainer.args.max_grad_norm
+        if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
+            torch.nn.utils.clip_grad_norm_(trained, max_norm)
+        correction_round = self.correction_rounds[ctx.client_id]
+        trainer.algorithm.correction.before_step(ctx, correction_round)
+        optimizer.step()
+        trainer.algorithm.correction.after_step(ctx, correction_round)
+        trainer.plan.after_step(ctx.client_id)  # lora_client_ranks: nothing revives the components beyond r_i
+
+    def accumulate(self, micro_batches: List[dict]):
+        """Gradients of one optimizer step over G micro-batches, equal to those of one backward over their union;
+        returns the union's loss (a float64 tensor on the model's device, or 0.0 when nothing was run).
+
+        Which mean: the model's own loss is a mean over its micro-batch; each micro-batch is weighted by its share
+        of the union's items, so the step sees the union's mean. Items are label tokens != -100 when labels are
+        per token (causal LMs: the per-token mean of the union, counted after the shift a causal-LM loss makes;
+        token classifiers likewise without the shift) and rows otherwise (sequence/image classifiers: the per-row
+        mean). The weight goes through the divisor Trainer's ``training_step`` applies (a plain 1/G would
+        overweight a short micro-batch). With G = 1 nothing changes.
+
+        A micro-batch without a single item (every label -100) has nothing to learn and is not run (the model's
+        mean over it would be 0/0 = NaN and exclude the client). A step whose micro-batches all lack one leaves
+        every gradient None (the optimizers skip such parameters) and adds 0 to the summed loss, which the round
+        still divides by local_steps (the same as for G > 1).
+        """
+        trainer = self.trainer
+        shifted = trainer._loss_shifts_labels
+        if len(micro_batches) == 1:
+            if loss_items(micro_batches[0], shifted) == 0:
+                return 0.0
+            return trainer.training_step(trainer.model, self._head_at_labels(micro_batches[0])).double()
+        # a compute_loss_func with G > 1 is refused when the trainer is built (fedhf/trainer/config/combinations.py)
+        items = [loss_items(batch, shifted) for batch in micro_batches]
+        loss = 0.0
+        for batch, n in zip(micro_batches, items):
+            if n == 0:  # nothing to learn from (all labels masked): its mean would be NaN
+                continue
+            trainer.current_gradient_accumulation_steps = sum(items) / n
+            loss = loss + trainer.training_step(trainer.model, self._head_at_labels(batch)).double()
+        trainer.current_gradient_accumulation_steps = 1
+        return loss
+
+    def _head_at_labels(self, batch: dict) -> dict:
+        """The host batch with its labelled positions chosen (fixed-size gathers, fedhf/runtime/labelled_logits.py)
+        when the trainer projects only those: chosen here, before the batch moves, the device is never read for a
+        shape (``compute_loss`` leaves positions already chosen alone). A subclass's ``compute_loss`` override gets the
+        batch whole, as under Trainer; one that calls ``super().compute_loss`` gets the cut there."""
+        return at_labelled_positions(batch) if self.trainer.labelled_logits and own_loss(self.trainer) else batch
+
+    def finish(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: float,
+               buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:
+        """The client's messages, through the round hooks, into the round's sums (or its exclusion)."""
+        trainer = self.trainer
+        algo, plan = trainer.algorithm, trainer.plan
+        correction_round = self.correction_rounds.pop(ctx.client_id)
+        delta = difference(ctx.params, ctx.global_params)
+        problem = trainer._faulty(loss_sum, delta)
+        if problem:
+            # Excluded from every sum (and its persistent state is left as it was), so it cannot poison the round.
+            logger.warning("round %d: client %d excluded (%s)", ctx.round + 1, ctx.client_id, problem)
+            sums.add("excluded", 1.0)
+            return
+        plan.keep_personal(trainer.client_store, ctx.client_id)
+        own = Message().put("dx", delta, scale=ctx.weight,  # the trainer's own message: un-namespaced keys
+                            nbytes=plan.sent_bytes(delta))  # RoLoRA: the frozen factor's zeros are not sent
+        trainer.gathering.keep(sums, ctx.client_id, delta)  # robust aggregators: each Delta_i
+        own.put("buf", snapshot(buffers), scale=ctx.weight)  # averaged buffers (none: nothing)
+        components = {"correction": algo.correction.client_end(ctx, correction_round)}
+        theta = plan.shared_theta(optimizer.export_theta())
+        components["sync"] = algo.state_sync.client_end(ctx, theta, optimizer.theta_structure(theta))
+        components["server"] = algo.server_rule.client_end(ctx, optimizer)
+        own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
+        own.put_scalar("loss", float(loss_sum) / trainer.args.local_steps * ctx.weight)
+        sent = trainer.hooks.on_client_message(trainer, ctx, ClientMessages(own, components, theta))
+        sums.add_message(sent.own)
+        for namespace, message in sent.components.items():
+            sums.add_message(message, namespace)
+        sums.add("uplink_bytes", sent.nbytes)
