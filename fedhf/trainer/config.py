@@ -297,6 +297,9 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
         map_round_strategies(self)
         set_metric_direction(self)  # fedhf's table, not TrainingArguments' "not a loss: higher" guess
         super().__post_init__()
+        if self.fsdp_config and not self.fsdp:
+            raise ValueError("`fsdp_config` is read only with `fsdp`: set `fsdp=True` to shard the model, or unset "
+                             "fsdp_config.")
         if sharding_requested(self):  # FSDP2: one model over the processes, which train every client together
             fsdp_settings(self)  # refuses what the round loop cannot honour, naming the fix
             self.client_parallel = True
