@@ -1,5 +1,9 @@
 """A local optimizer that needs whole matrices, run over FSDP2 shards (fedhf/runtime/sharded.py).
 
+:func:`over_shards` picks how: an elementwise optimizer steps the shards as they are; Muon (its default form,
+``torch.optim.Muon``) keeps its momentum per shard and gathers only the matrix it orthogonalises
+(:class:`fedhf.optim.sharded_muon.ShardedMuon`); any other steps gathered whole copies (:class:`WholeMatrices`).
+
 Muon orthogonalises each matrix's momentum with Newton-Schulz, and SOAP rotates each gradient into the eigenbases
 of its factors L = G G^T, R = G^T G: neither is a function of a shard's rows alone. Distributed Muon implementations
 gather each matrix for its orthogonalisation and keep their shard of the result (microsoft/dion's ``muon.py``,
@@ -30,6 +34,23 @@ ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, AMSGradNoBi
 
 def is_elementwise(optimizer_class: type) -> bool:
     return issubclass(optimizer_class, ELEMENTWISE)
+
+
+def over_shards(local_optimizer, views: Dict[str, torch.Tensor], lr: float, sharded) -> OptimizerHooks:
+    """A client's optimizer (:class:`fedhf.optim.LocalOptimizer`) over this process's shards ``views``."""
+    from .muon import MuonAdamW
+    from .sharded_muon import ShardedMuon
+
+    if is_elementwise(local_optimizer.cls):
+        return local_optimizer.build(views, lr)
+    if issubclass(local_optimizer.cls, MuonAdamW):
+        optimizer = local_optimizer.build(views, lr)
+        if type(optimizer.muon) is torch.optim.Muon:  # the default form: the momentum stays on the shards
+            optimizer.muon = ShardedMuon(optimizer.muon.param_groups, sharded)
+            return optimizer
+        if optimizer.muon is None:  # no matrix routed to Muon: AdamW alone, elementwise
+            return optimizer
+    return WholeMatrices(lambda whole: local_optimizer.build(whole, lr), views, sharded)
 
 
 class WholeMatrices(OptimizerHooks):

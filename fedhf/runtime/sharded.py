@@ -176,12 +176,10 @@ class ShardedModel:
 
     def build_optimizer(self, local_optimizer, views: Dict[str, torch.Tensor], lr: float):
         """The client's optimizer over its shards: an elementwise one steps the views themselves; one that needs
-        whole matrices steps gathered copies (:class:`fedhf.optim.whole_matrices.WholeMatrices`)."""
-        from ..optim.whole_matrices import WholeMatrices, is_elementwise
+        whole matrices gathers them one at a time (:func:`fedhf.optim.whole_matrices.over_shards`)."""
+        from ..optim.whole_matrices import over_shards
 
-        if is_elementwise(local_optimizer.cls):
-            return local_optimizer.build(views, lr)
-        return WholeMatrices(lambda whole: local_optimizer.build(whole, lr), views, self)
+        return over_shards(local_optimizer, views, lr, self)
 
     def full_state_dict(self) -> TensorDict:
         """The whole model's state dict on process 0 (``{}`` elsewhere), on the CPU: every process must call it
