@@ -360,9 +360,6 @@ COMBINATIONS: List[Refusal] = [
             group="fsdp"),
     Refusal(lambda s: _sharded(s) and s.args.drift_spectral,
             lambda s: "`drift_spectral=True` (a spectral norm needs whole matrices)", group="fsdp"),
-    Refusal(lambda s: _sharded(s) and s.args.save_every_rounds > 0,
-            lambda s: "`save_every_rounds` (round checkpoints of a sharded run are not written yet; save_model() "
-                      "writes the consolidated model at the end)", group="fsdp"),
     Refusal(lambda s: _sharded(s) and any(not p.is_floating_point() for p in s.model.parameters()),
             lambda s: "a quantised base (QLoRA: bitsandbytes' integer weights keep their quantisation state outside "
                       "the tensor, which FSDP2's DTensor conversion drops; accelerate leaves them unsharded, so "

@@ -16,8 +16,8 @@ from .hub import saved_model, write_model_card
 
 
 class PublishedModel:
-    loaded_best_round = None
-    _gathered_state = None  # under FSDP, the whole model's state dict while save_model writes it  # the round load_best_model_at_end loaded at the end of train(), if it did
+    loaded_best_round = None  # the round load_best_model_at_end loaded at the end of train(), if it did
+    _gathered_state = None  # under FSDP, the whole model's state dict while it is written (save_model, checkpoints)
 
     def create_model_card(self, *args, **kwargs) -> None:
         """The federated model card (fedhf/trainer/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
@@ -65,7 +65,8 @@ class PublishedModel:
 
     def _write_published(self, directory: str) -> None:
         """:meth:`published_model` as safetensors, with the tokenizer/processor."""
-        self.published_model().save_pretrained(directory, safe_serialization=True)
+        gathered = {} if self._gathered_state is None else {"state_dict": self._gathered_state}  # FSDP: whole
+        self.published_model().save_pretrained(directory, safe_serialization=True, **gathered)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(directory)
 
