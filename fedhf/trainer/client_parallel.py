@@ -22,8 +22,9 @@ exactly once (were every process to add them, each client would count world-size
 
 Refused before any work (fedhf/trainer/combinations.py): ``batched_clients > 1`` (its stacked copies split the
 rows by client already), models with averaged buffers (BatchNorm statistics of a shard are not those of the
-batch), a ``compute_loss_func`` (the shard weighting needs the model's own mean loss). FSDP and DeepSpeed are
-refused for every fedhf run (fedhf/trainer/settings.py: the resident model is never wrapped).
+batch), a ``compute_loss_func`` (the shard weighting needs the model's own mean loss). With ``fsdp`` the model is
+also sharded over the processes (fedhf/runtime/sharded.py): FSDP's reduce-scatter then sums the gradients into each
+process's shards, in place of :func:`all_reduce_gradients`.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ CASES = [f"{a}:{w}" for w in ("full", "lora") for a in ALGORITHMS]
 # splitting a batch over 2 processes into visible ones, with FSDP or without (client_parallel alone): for these the
 # 2-process run without FSDP is launched too, and FSDP must add nothing to its deviation.
 AMPLIFIED = ["fedpac_muon:full", "local_soap:full", "local_soap:lora"]
+RESUMED = "fadam_gt:lora"  # per-client state (v_hat) in the store, Theta synced, a correction: all in shards
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -51,11 +52,11 @@ def runs(tmp_path_factory):
     one.mkdir(), two.mkdir()
     commands = [[sys.executable, SCRIPT, str(one), "plain", *CASES],
                 [TORCHRUN, "--standalone", "--nproc_per_node", "2", SCRIPT, str(two), "fsdp", *CASES,
-                 *(f"{case}:parallel" for case in AMPLIFIED)]]
+                 *(f"{case}:parallel" for case in AMPLIFIED), f"{RESUMED}:resume"]]
     started = [subprocess.Popen(c, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for c in commands]
     outputs = [_finish(process, command) for process, command in zip(started, commands)]
-    assert outputs[1].count("world_size 2") == len(CASES) + len(AMPLIFIED)
+    assert outputs[1].count("world_size 2") == len(CASES) + len(AMPLIFIED) + 1
     return {"one": one, "two": two}
 
 
@@ -84,6 +85,21 @@ def test_two_fsdp_processes_give_the_one_process_model(runs, case):
         torch.testing.assert_close(two["history.precond_drift"], one["history.precond_drift"], rtol=1e-4, atol=0)
     for name in one:  # measured: at most 6e-8 on entries up to 0.1
         torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=5e-6, msg=name)
+
+
+def test_a_stopped_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_model(runs):
+    """Stopped after round 1, then a fresh model and trainer resume checkpoint-1 (each process its own rows): the
+    model of the uninterrupted run, bit for bit."""
+    resumed, whole = _load(runs["two"], f"{RESUMED}:resume"), _load(runs["two"], RESUMED)
+    assert float(resumed.pop("history.first_run_rounds")) == 1.0
+    checkpoint = runs["two"] / f"{RESUMED.replace(':', '-')}-resume" / "run" / "checkpoint-1"
+    files = set(os.listdir(checkpoint))
+    assert {"global_params@rank0.safetensors", "global_params@rank1.safetensors",
+            "client_store@rank0.safetensors", "client_store@rank1.safetensors"} <= files
+    assert "model.safetensors" not in files and os.path.isfile(checkpoint / "model" / "adapter_model.safetensors")
+    assert resumed.keys() == whole.keys()
+    for name in resumed:
+        assert torch.equal(resumed[name], whole[name]), name
 
 
 def test_save_model_writes_one_consolidated_checkpoint_that_from_pretrained_loads(runs):

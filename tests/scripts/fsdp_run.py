@@ -82,6 +82,7 @@ def train(case: str, out_dir: str, mode: str, data, save: bool) -> None:
     if mode == "resume":
         trainer.add_callback(StopAfterFirstRound())
         trainer.train()
+        first_run_rounds = len(trainer.federated_history)
         trainer = build(case, out_dir, mode, data)
         trainer.train(resume_from_checkpoint=True)
     else:
@@ -97,6 +98,8 @@ def train(case: str, out_dir: str, mode: str, data, save: bool) -> None:
         out.update({f"history.{k}": torch.tensor(float(v), dtype=torch.float64)
                     for k, v in trainer.federated_history[-1].items()
                     if k in ("participants", "uplink_MB", "downlink_MB", "train_loss", "precond_drift")})
+        if mode == "resume":
+            out["history.first_run_rounds"] = torch.tensor(float(first_run_rounds), dtype=torch.float64)
         save_file(out, out_file(out_dir, case))
         print("world_size", trainer.args.world_size, case, trainer.federated_history[-1], flush=True)
 
