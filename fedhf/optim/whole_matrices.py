@@ -37,11 +37,12 @@ def is_elementwise(optimizer_class: type) -> bool:
 
 
 def over_shards(local_optimizer, views: Dict[str, torch.Tensor], lr: float, sharded) -> OptimizerHooks:
-    """A client's optimizer (:class:`fedhf.optim.LocalOptimizer`) over this process's shards ``views``."""
+    """A client's optimizer (:class:`fedhf.optim.LocalOptimizer`) over this process's shards ``views``; with a model
+    that is not sharded (``sharded.active`` False) the optimizer over the parameters themselves."""
     from .muon import MuonAdamW
     from .sharded_muon import ShardedMuon
 
-    if is_elementwise(local_optimizer.cls):
+    if not sharded.active or is_elementwise(local_optimizer.cls):
         return local_optimizer.build(views, lr)
     if issubclass(local_optimizer.cls, MuonAdamW):
         optimizer = local_optimizer.build(views, lr)

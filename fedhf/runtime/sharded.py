@@ -174,13 +174,6 @@ class ShardedModel:
         self.take_gradients(params)
         return float(self.total(torch.tensor(float(loss))))
 
-    def build_optimizer(self, local_optimizer, views: Dict[str, torch.Tensor], lr: float):
-        """The client's optimizer over its shards: an elementwise one steps the views themselves; one that needs
-        whole matrices gathers them one at a time (:func:`fedhf.optim.whole_matrices.over_shards`)."""
-        from ..optim.whole_matrices import over_shards
-
-        return over_shards(local_optimizer, views, lr, self)
-
     def full_state_dict(self) -> TensorDict:
         """The whole model's state dict on process 0 (``{}`` elsewhere), on the CPU: every process must call it
         (``torch.distributed.checkpoint``'s ``get_model_state_dict``, one parameter at a time)."""
@@ -259,10 +252,6 @@ class NotSharded:
     @staticmethod
     def clip_grad_norm_(tensors: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(tensors, max_norm)
-
-    @staticmethod
-    def build_optimizer(local_optimizer, params: Dict[str, torch.Tensor], lr: float):
-        return local_optimizer.build(params, lr)
 
 
 def shard_resident_model(model: torch.nn.Module, args, world) -> "ShardedModel | NotSharded":

@@ -22,6 +22,7 @@ from ..core.params import TensorDict, difference, snapshot
 from ..core.schedule import stream_seed
 from ..core.sums import RoundSums
 from ..optim import ModelAccess, OptimizerHooks
+from ..optim.whole_matrices import over_shards
 from ..runtime.labelled_logits import at_labelled_positions
 from ..runtime.model_outputs import loss_items
 from .hooks import ClientMessages
@@ -69,8 +70,8 @@ class LocalSteps:
         # Train mode before anything runs the model: curvature hooks run before training_step (which would set
         # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
         trainer.model.train()
-        optimizer = trainer.shards.build_optimizer(algo.local_optimizer, trainer.plan.trained(ctx.params),  # shared +
-                                                   ctx.local_lr)  # personal; under FSDP over this process's shards
+        optimizer = over_shards(algo.local_optimizer, trainer.plan.trained(ctx.params),  # shared + personal; under
+                                ctx.local_lr, trainer.shards)  # FSDP over this process's shards (optim/whole_matrices.py)
         algo.state_sync.client_begin(ctx, trainer.plan.theta_target(optimizer))  # RoLoRA: the trained factor's Theta
         optimizer.attach(access or trainer.client_data.model_access(ctx))
         return optimizer
