@@ -11,7 +11,8 @@ The federated round runs on the local shards, never on whole tensors:
 * :meth:`ShardedModel.local_views` turns the plan's DTensor parameters into their local tensors, *views* of FSDP's
   sharded storage: loading the global model (``load_into``) writes the shards in place, reading a client's result
   (``snapshot``, ``difference``) reads them; the round's sums, the server rule (elementwise), the corrections and
-  every per-client state (Theta, control variates, error-feedback residuals) are this rank's rows of each tensor;
+  every per-client state (Theta, control variates, tracking terms) are this rank's rows of each tensor
+  (compression, whose error-feedback residuals would be too, is refused: its scales and top-k read whole tensors);
 * after each optimizer step's backward, FSDP has reduce-scattered the gradient (a sum over processes: the divide
   factor is 1, as client_parallel sums its shards' weighted losses) into DTensor ``.grad``; :meth:`take_gradients`
   hands each local gradient to its view, where clipping, the correction and an elementwise optimizer act;
