@@ -4,7 +4,7 @@ Every process trains every sampled client together (each micro-batch split in ro
 weight, gradient, Muon momentum and round sum; the round's tensors never exist whole on one process, except the one
 matrix Muon orthogonalises at a time (docs/scaling.md, "One model over many processes"). At the end ``save_model``
 writes one consolidated Hugging Face checkpoint. Offline, on the bundled tweets and a randomly initialised Llama
-built from a config (hidden 128, 2 layers); on 2 CPU processes it takes about a minute::
+built from a config (hidden 128, 2 layers); on 2 CPU processes of a busy 2-core machine it took 2 min 16 s::
 
     accelerate launch --config_file examples/accelerate_fsdp.yaml examples/fsdp_full_weights.py --output_dir outputs/fsdp
     torchrun --standalone --nproc_per_node 2 examples/fsdp_full_weights.py --fsdp --output_dir outputs/fsdp
