@@ -15,10 +15,14 @@ import torch
 
 def model_bytes(model: torch.nn.Module) -> Dict[str, int]:
     """Bytes of the model's parameters and buffers by dtype, each storage once (tied weights), quantised
-    bitsandbytes weights at their stored size plus their quantisation constants (``absmax``...)."""
+    bitsandbytes weights at their stored size plus their quantisation constants (``absmax``...). An FSDP-sharded
+    parameter (a DTensor) counts its local shard: what this process holds."""
+    from torch.distributed.tensor import DTensor
+
     out: Dict[str, int] = {}
     seen = set()
     for tensor in list(model.parameters()) + list(model.buffers()):
+        tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor
         if tensor.device.type != "meta":
             key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype)
             if key in seen:

@@ -48,12 +48,14 @@ class ProcessWorld:
     rank: int = 0
     size: int = 1
     client_parallel: bool = False  # every process trains every client together (fedhf/trainer/runners/client_parallel.py)
+    sharded: bool = False  # the resident model sharded with FSDP2 over the processes (fedhf/runtime/sharded.py)
 
     @property
     def sends_messages(self) -> bool:
         """Whether this process adds its clients' messages to the round's sums: under client_parallel every
-        process holds the same messages, so only process 0 adds them (each client counted once)."""
-        return not self.client_parallel or self.rank == 0
+        process holds the same messages, so only process 0 adds them (each client counted once); sharded, every
+        process adds its own rows of them."""
+        return not self.client_parallel or self.rank == 0 or self.sharded
 
     def owns(self, client_id: int) -> bool:
         """The fixed client -> process map (id modulo size): per-client state stays where its client trains."""
@@ -63,7 +65,7 @@ class ProcessWorld:
         return [c for c in clients if self.owns(c)]
 
 
-def process_world(args, client_parallel: bool = False) -> ProcessWorld:
+def process_world(args, client_parallel: bool = False, sharded: bool = False) -> ProcessWorld:
     """The world torch.distributed holds, checked against what the TrainingArguments report; ``client_parallel``:
     every process trains every client together (``FederatedConfig.client_parallel``).
 
@@ -72,9 +74,9 @@ def process_world(args, client_parallel: bool = False) -> ProcessWorld:
     """
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        world = ProcessWorld(dist.get_rank(), dist.get_world_size(), client_parallel)
+        world = ProcessWorld(dist.get_rank(), dist.get_world_size(), client_parallel, sharded)
     else:
-        world = ProcessWorld(client_parallel=client_parallel)
+        world = ProcessWorld(client_parallel=client_parallel, sharded=sharded)
     if (world.size, world.rank) != (args.world_size, args.process_index):
         raise RuntimeError(
             f"torch.distributed holds {world.size} process(es) (this is rank {world.rank}) but the "

@@ -44,6 +44,7 @@ from ..runtime.determinism import fix_thread_count
 from ..runtime.contiguous_head import feed_head_contiguously
 from ..runtime.processes import destroy_process_group_at_exit, process_world
 from ..runtime.quantization import prepare_quantised_base
+from ..runtime.sharded import ShardedGathering, shard_resident_model, sharding_requested
 from ..sharing.plan import SharingPlan
 from ..state.run import RunState, refuse_to_overwrite, resolve_checkpoint
 from .hooks.best_round import BestRound, check_best_metric
@@ -112,7 +113,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
                 "(e.g. get_peft_model(model, LoraConfig(...))) or unfreeze the weights to fine-tune."
             )
         # the process map and the round's all-reduce count the same processes
-        self.world = process_world(args, args.client_parallel)
+        self.world = process_world(args, args.client_parallel, sharding_requested(args))
         prepare_quantised_base(self.model)
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
@@ -127,7 +128,9 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         # what the aggregator needs of the round, and how clients are trained: chosen once, here
         aggregator = self.algorithm.server_rule.aggregator
         self.base_fold = base_fold(self.model, aggregator)  # FedEx-LoRA, FLoRA: the base weights they change
-        self.gathering = gathering(aggregator)  # robust rules: every client's update
+        self.shards = shard_resident_model(self.model, args, self.world)  # FSDP2 (fedhf/runtime/sharded.py)
+        # robust rules: every client's update; sharded: the sums stay per shard
+        self.gathering = ShardedGathering(self.shards) if self.shards.active else gathering(aggregator)
         self.client_data = ClientData(self)
         self.local = LocalSteps(self)
         self.runner = choose_runner(self)  # sequential, batched clients or client-parallel
@@ -223,6 +226,8 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed,  # shared/personal/frozen
                                 self.algorithm.server_rule.aggregator.freezes_lora_a,  # FedSVD: A is the server's
                                 args.lora_client_ranks)  # each client's first r_i LoRA components
+        if self.shards.active:  # the round reads and writes FSDP's local shards (fedhf/runtime/sharded.py)
+            self.plan.params = self.shards.local_views(self.plan.params)
         self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds)
         self.best_round = BestRound(args)
         self.hooks = HookList(round_hooks(self))
@@ -348,4 +353,4 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         self.local.finish(ctx, optimizer, loss_sum, buffers, sums)
 
     def _faulty(self, loss_sum: float, delta: Dict[str, torch.Tensor]) -> Optional[str]:
-        return faulty(loss_sum, delta, self.args.max_update_norm)
+        return faulty(loss_sum, delta, self.args.max_update_norm, self.shards.total)

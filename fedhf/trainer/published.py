@@ -17,6 +17,7 @@ from .hub import saved_model, write_model_card
 
 class PublishedModel:
     loaded_best_round = None  # the round load_best_model_at_end loaded at the end of train(), if it did
+    _gathered_state = None  # under FSDP, the whole model's state dict while it is written (save_model, checkpoints)
 
     def create_model_card(self, *args, **kwargs) -> None:
         """The federated model card (fedhf/trainer/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
@@ -25,8 +26,13 @@ class PublishedModel:
 
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
         """Trainer's save_model (and so push_to_hub), then the federated card beside the weights/adapter (replacing
-        peft's card). What is written is :meth:`published_model`: the model ``evaluate()`` evaluates."""
-        super().save_model(output_dir, _internal_call)
+        peft's card). What is written is :meth:`published_model`: the model ``evaluate()`` evaluates. Under FSDP
+        every process first gathers the model once, and process 0 writes one consolidated checkpoint of it."""
+        self._gathered_state = self.shards.full_state_dict() if self.shards.active else None
+        try:
+            super().save_model(output_dir, _internal_call)
+        finally:
+            self._gathered_state = None
         if self.is_world_process_zero():
             self._write_card(output_dir or self.args.output_dir)
 
@@ -45,6 +51,8 @@ class PublishedModel:
     def _save(self, output_dir: Optional[str] = None, state_dict=None) -> None:
         """Trainer's ``_save`` of :meth:`published_model` (see there); the merged model is written as Trainer writes
         a model (weights as safetensors, config, processing class, training_args.bin)."""
+        if state_dict is None:  # FSDP: the whole model gathered by save_model (the resident one holds shards)
+            state_dict = self._gathered_state
         if not self.base_fold.layers:
             return super()._save(output_dir, state_dict)
         output_dir = output_dir if output_dir is not None else self.args.output_dir
@@ -57,7 +65,8 @@ class PublishedModel:
 
     def _write_published(self, directory: str) -> None:
         """:meth:`published_model` as safetensors, with the tokenizer/processor."""
-        self.published_model().save_pretrained(directory, safe_serialization=True)
+        gathered = {} if self._gathered_state is None else {"state_dict": self._gathered_state}  # FSDP: whole
+        self.published_model().save_pretrained(directory, safe_serialization=True, **gathered)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(directory)
 

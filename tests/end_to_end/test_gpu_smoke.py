@@ -99,3 +99,33 @@ def test_fp16_on_the_gpu_steps_on_unscaled_gradients(tokenizer, sft, tmp_path):
     assert norm(scaled) == pytest.approx(norm(plain), rel=0.1)  # fp16 autocast rounding only
     cosine = sum(float((scaled[n].double() * plain[n].double()).sum()) for n in plain) / (norm(scaled) * norm(plain))
     assert cosine > 0.99
+
+
+def test_fsdp_at_world_size_one_on_the_gpu_gives_the_unsharded_model(tokenizer, sft, tmp_path, monkeypatch):
+    """FSDP2 over a process group of one (NCCL): the round runs on the GPU shards and ends with the model of the
+    unsharded run; save_model writes the consolidated adapter. Last in this file: it leaves accelerate's state reset."""
+    import os
+
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState
+
+    from tests.end_to_end.test_multiprocess import _free_port
+
+    _, plain = _trained(_trainer(tokenizer, sft, tmp_path / "plain", algorithm="fedavg"))
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "1", "RANK": "0",
+                       "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        trainer = _trainer(tokenizer, sft, tmp_path / "fsdp", algorithm="fedavg", fsdp=True)
+        assert trainer.shards.active
+        trainer.train()
+        assert all(t.device.type == "cuda" for t in trainer.plan.params.values())
+        gathered = trainer.shards.full_state_dict()
+        for name, tensor in plain.items():
+            torch.testing.assert_close(gathered[name].float(), tensor.float().cpu(), rtol=1e-5, atol=1e-6, msg=name)
+        trainer.save_model(str(tmp_path / "saved"))
+        assert os.path.isfile(tmp_path / "saved" / "adapter_model.safetensors")
+    finally:
+        dist.destroy_process_group()
+        AcceleratorState._reset_state(True)

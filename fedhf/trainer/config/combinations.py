@@ -18,6 +18,7 @@ from ...compression import parse_plan
 from ...core.lora import LORA_A, LORA_B, lora_pairs, role_of
 from ...core.params import federated_buffers
 from ...runtime.lora_layers import lora_layers
+from ...runtime.sharded import sharding_requested
 from ...sharing.alternating import ROLORA
 from ...sharing.plan import PERSONAL, SHARED
 from ..hooks.compression import compressed_model_change
@@ -336,6 +337,33 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: s.args.client_parallel and (s.compute_loss_func is not None or s.loss_is_scaled_for_ga),
             lambda s: "a `compute_loss_func` (each shard's loss must be the model's own mean to be weighted)",
             group="client_parallel"),
+    # FSDP: what reads whole tensors or per-client copies that the round's shards cannot give
+    Refusal(lambda s: _sharded(s) and (PERSONAL in s.sharing_roles.values() or s.sharing.preset != "all"
+                                       or s.args.lora_client_ranks is not None),
+            lambda s: "a `parameter_sharing` other than 'all' or `lora_client_ranks` (personal and partly trained "
+                      "tensors are kept per client whole)", group="fsdp"),
+    Refusal(lambda s: _sharded(s) and (s.rule.aggregator.gathers or s.needs_lora_pairs
+                                       or s.rule.aggregator.folds_into_base or s.rule.aggregator.needs_preconditioners
+                                       or s.rule.aggregator.freezes_lora_a or s.rule.aggregator.refactorises_lora),
+            lambda s: f"`server_rule={s.rule.name!r}` (it reads whole tensors: every client's update, LoRA products "
+                      "and their SVD, base weights or the clients' preconditioners to invert)", group="fsdp"),
+    Refusal(lambda s: _sharded(s) and getattr(s.algorithm.local_optimizer.cls, "needs_model", False),
+            lambda s: f"`local_optimizer={s.algorithm.local_optimizer.cls.__name__}` (its curvature pass runs the "
+                      "full batches through the model on every process, which FSDP would sum over processes)",
+            group="fsdp"),
+    Refusal(lambda s: _sharded(s) and (parse_plan(s.args.uplink_compression).active
+                                       or parse_plan(s.args.downlink_compression).active),
+            lambda s: "`uplink_compression`/`downlink_compression` (top-k, low rank and quantiser scales read whole "
+                      "tensors)", group="fsdp"),
+    Refusal(lambda s: _sharded(s) and (s.args.dp_mode != "off" or s.args.secure_aggregation),
+            lambda s: "`dp_mode`/`secure_aggregation` (a client's clip and noise are drawn over its whole update)",
+            group="fsdp"),
+    Refusal(lambda s: _sharded(s) and s.args.drift_spectral,
+            lambda s: "`drift_spectral=True` (a spectral norm needs whole matrices)", group="fsdp"),
+    Refusal(lambda s: _sharded(s) and any(not p.is_floating_point() for p in s.model.parameters()),
+            lambda s: "a quantised base (QLoRA: bitsandbytes' integer weights keep their quantisation state outside "
+                      "the tensor, which FSDP2's DTensor conversion drops; accelerate leaves them unsharded, so "
+                      "sharding would not divide the base's memory)", group="fsdp"),
 ]
 
 # one setting's problems in one message: (head, fix)
@@ -344,7 +372,13 @@ GROUPS: Dict[str, tuple] = {
                         "Set `batched_clients=1` or change that setting."),
     "client_parallel": (lambda s: "`client_parallel=True` cannot run with ",
                         "Turn client_parallel off or change that setting."),
+    "fsdp": (lambda s: "`fsdp` (the model sharded over the processes) cannot run with ",
+             "Change that setting, or run without FSDP (unset `fsdp`; launch without an FSDP config)."),
 }
+
+
+def _sharded(s: Setup) -> bool:
+    return sharding_requested(s.args)
 
 
 def _stackable(model) -> None:

@@ -25,6 +25,7 @@ from ...corrections import CORRECTIONS
 from ...data.embedding_key import check_encoder
 from ...optim import LOCAL_OPTIMIZERS
 from ...runtime.processes import cpu_only_launch
+from ...runtime.sharded import fsdp_settings, sharding_requested
 from ...server import AGGREGATORS, SERVER_RULES, SERVER_TRANSFORMS
 from ...sharing.plan import PRESETS, ParameterSharing
 from ...sync import STATE_SYNCS
@@ -296,6 +297,12 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
         map_round_strategies(self)
         set_metric_direction(self)  # fedhf's table, not TrainingArguments' "not a loss: higher" guess
         super().__post_init__()
+        if self.fsdp_config and not self.fsdp:
+            raise ValueError("`fsdp_config` is read only with `fsdp`: set `fsdp=True` to shard the model, or unset "
+                             "fsdp_config.")
+        if sharding_requested(self):  # FSDP2: one model over the processes, which train every client together
+            fsdp_settings(self)  # refuses what the round loop cannot honour, naming the fix
+            self.client_parallel = True
         check_batch_sizes(self)
         check_mixed_precision(self)
         check_ddp_timeout(self)  # after use_cpu is settled above

@@ -129,9 +129,13 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "ddp_backend": (HONOURED, "the process group of the per-round all-reduce"),
     "ddp_timeout": (HONOURED, "the timeout of the per-round all-reduce's process group on GPU runs; with use_cpu "
                               "transformers does not pass it on, so a value other than 1800 is refused there"),
-    "fsdp": (REFUSED, "one resident model per process; FSDP would shard it"),
-    "fsdp_config": (REFUSED, "one resident model per process; FSDP would shard it"),
-    "deepspeed": (REFUSED, "one resident model per process; DeepSpeed would wrap it"),
+    "fsdp": (HONOURED, "the resident model sharded with FSDP2 over the processes, which train every client "
+                       "together (client_parallel is set; fedhf/runtime/sharded.py, docs/scaling.md)"),
+    "fsdp_config": (HONOURED, "`transformer_layer_cls_to_wrap` (the FSDP units; default: the model's decoder layers) "
+                              "and `reshard_after_forward`; `version` must be 2; other keys are refused"),
+    "deepspeed": (REFUSED, "DeepSpeed's engine owns the optimizer step and the parameters (ZeRO partitions them "
+                           "behind its own hooks), while the round loop must load, read and step each client's "
+                           "tensors itself; use `fsdp` to shard the model instead"),
     "debug": (NO_EFFECT, "debug options of Trainer's own loop"),
     "skip_memory_metrics": (NO_EFFECT, "memory metrics of Trainer's own loop"),
     "do_train": (NO_EFFECT, "a flag for scripts, as in Trainer"),

@@ -20,6 +20,7 @@ from ...state import load_checkpoint, save_checkpoint
 from ...state.rotation import rotate_checkpoints
 from ...state.checkpoint import PREFIX as CHECKPOINT_PREFIX, round_folder
 from ...state.run import RunState, check_fingerprint, fingerprint
+from ...state.shards import META_KEY as SHARDS_META_KEY, every_process_groups, own_groups
 
 HISTORY_FILE = "federated_history.json"
 logger = logging.get_logger(__name__)
@@ -98,6 +99,8 @@ def save_round_checkpoint(trainer, run: RunState) -> None:
                       else round_folder(args.output_dir, state.best_global_step))  # checkpoint-round-N
     if state.best_global_step == run.rounds_done or os.path.isdir(best_directory):  # as Trainer sets it
         state.best_model_checkpoint = best_directory
+    if trainer.shards.active:  # every process's rows, each its own file (fedhf/state/shards.py)
+        return save_sharded_round_checkpoint(trainer, run, directory)
     clients = gather_client_store(trainer)
     if not trainer.is_world_process_zero():
         return
@@ -110,6 +113,25 @@ def save_round_checkpoint(trainer, run: RunState) -> None:
     save_checkpoint(directory, {**run.tensor_groups(), **best_groups, **hook_groups, "client_store": clients}, meta,
                     write_extra=trainer._write_model)
     trainer.hooks.on_checkpoint(trainer, run, directory)
+
+
+def save_sharded_round_checkpoint(trainer, run: RunState, directory: str) -> None:
+    """The round checkpoint of an FSDP run: each process's rows of every tensor group (its client states too), and
+    the consolidated model under model/ (every process gathers it; process 0 writes)."""
+    best_meta, best_groups = trainer.best_round.to_checkpoint(trainer.state)
+    hook_meta, hook_groups = trainer.hooks.checkpoint_state(trainer, run)
+    groups = {**run.tensor_groups(), **best_groups, **hook_groups, "client_store": trainer.client_store.to_tensors()}
+    groups = every_process_groups(groups, trainer.world.rank, trainer.world.size)
+    trainer._gathered_state = trainer.shards.full_state_dict()
+    try:
+        if trainer.is_world_process_zero():
+            meta = {**run.meta(), "history": trainer.federated_history, "hooks": hook_meta,
+                    "fingerprint": fingerprint(trainer.args, trainer.algorithm), **best_meta,
+                    SHARDS_META_KEY: trainer.world.size}
+            save_checkpoint(directory, groups, meta, write_extra=trainer._write_model)
+            trainer.hooks.on_checkpoint(trainer, run, directory)
+    finally:
+        trainer._gathered_state = None
 
 
 def gather_client_store(trainer) -> Dict[str, torch.Tensor]:
@@ -129,6 +151,7 @@ def restore_run(trainer, path: str) -> RunState:
     ``trainer.best_round`` and ``trainer.state``) and the fp16 loss scale."""
     groups, meta = load_checkpoint(path, trainer.model_device)
     check_fingerprint(path, meta, fingerprint(trainer.args, trainer.algorithm))
+    groups = own_groups(path, groups, meta, trainer.world.rank, trainer.world.size, trainer.shards.active)
     run = RunState.from_checkpoint(groups, meta)
     run.server_state = trainer.algorithm.server_rule.load_state(run.server_state)  # older checkpoints: position keys
     trainer.client_store.load_tensors(groups.get("client_store", {}), keep=trainer.world.owns)

@@ -4,6 +4,7 @@ resolves a LoRA variant once from its config:
 * :class:`SequentialClients`: one client at a time on the resident model (the default);
 * :class:`ClientParallelClients` (``client_parallel=True`` over several processes): every process trains every
   sampled client, each micro-batch split in row shards over the processes (fedhf/trainer/runners/client_parallel.py);
+* :class:`ShardedClients` (``fsdp``): the same over an FSDP2-sharded model (fedhf/runtime/sharded.py);
 * :class:`fedhf.trainer.runners.batched_round.BatchedClients` (``batched_clients = C > 1``): C clients share each
   forward/backward through stacked copies of the adapter.
 
@@ -90,6 +91,13 @@ class ClientParallelClients(SequentialClients):
         return [accumulate_shards(self.trainer, micro[0])]
 
 
+class ShardedClients(SequentialClients):
+    """Client-parallel over an FSDP2-sharded model: FSDP sums the gradients into each process's shards."""
+
+    def backward(self, micro: List[List[dict]]) -> list:
+        return [accumulate_shards(self.trainer, micro[0], self.trainer.shards.step_gradients)]
+
+
 def choose_runner(trainer) -> Runner:
     """The runner this trainer's settings ask for (their combinations are checked before, fedhf/trainer/config/combinations.py)."""
     from .batched_round import BatchedClients
@@ -97,6 +105,8 @@ def choose_runner(trainer) -> Runner:
     args, world = trainer.args, trainer.world
     if args.batched_clients > 1:
         return BatchedClients(trainer)
+    if trainer.shards.active:
+        return ShardedClients(trainer)
     if world.client_parallel and world.size > 1:
         return ClientParallelClients(trainer)
     return SequentialClients(trainer)

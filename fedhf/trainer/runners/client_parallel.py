@@ -22,8 +22,9 @@ exactly once (were every process to add them, each client would count world-size
 
 Refused before any work (fedhf/trainer/config/combinations.py): ``batched_clients > 1`` (its stacked copies split the
 rows by client already), models with averaged buffers (BatchNorm statistics of a shard are not those of the
-batch), a ``compute_loss_func`` (the shard weighting needs the model's own mean loss). FSDP and DeepSpeed are
-refused for every fedhf run (fedhf/trainer/config/settings.py: the resident model is never wrapped).
+batch), a ``compute_loss_func`` (the shard weighting needs the model's own mean loss). With ``fsdp`` the model is
+also sharded over the processes (fedhf/runtime/sharded.py): FSDP's reduce-scatter then sums the gradients into each
+process's shards, in place of :func:`all_reduce_gradients`.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def shard(batch: Dict[str, torch.Tensor], rank: int, size: int) -> Dict[str, tor
             for k, v in batch.items()}
 
 
-def accumulate_shards(trainer, micro_batches: List[dict]) -> float:
+def accumulate_shards(trainer, micro_batches: List[dict], reduce=None) -> float:
     """This process's shards of the step's micro-batches, weighted by their share of the union's items, then
-    the gradients and loss summed over processes. Returns the union's loss (the same on every process)."""
+    the gradients and loss summed over processes (``reduce(params, loss)``: by default one all-reduce of the
+    gradients; under FSDP its own reduce-scatter, fedhf/runtime/sharded.py). Returns the union's loss (the same
+    on every process)."""
     world, shifted = trainer.world, trainer._loss_shifts_labels
     total = sum(loss_items(batch, shifted) for batch in micro_batches)
     loss = 0.0
@@ -51,11 +54,16 @@ def accumulate_shards(trainer, micro_batches: List[dict]) -> float:
         part = shard(batch, world.rank, world.size)
         n = loss_items(part, shifted)
         if n == 0:  # an empty shard, or nothing to learn from: its mean would be NaN
+            if trainer.shards.active:  # FSDP's collectives need every process in every forward and backward
+                raise ValueError(f"A row shard of a micro-batch has no {'label token' if shifted else 'row'} to "
+                                 "learn from on this process, and FSDP needs every process to run every micro-batch: "
+                                 "raise per_device_train_batch_size (at least the number of processes) or drop "
+                                 "fully masked rows from the data.")
             continue
         trainer.current_gradient_accumulation_steps = total / n
         loss += float(trainer.training_step(trainer.model, part))
     trainer.current_gradient_accumulation_steps = 1
-    return all_reduce_gradients(trainer.plan.trained(), loss)
+    return (reduce or all_reduce_gradients)(trainer.plan.trained(), loss)
 
 
 def all_reduce_gradients(params: Dict[str, torch.nn.Parameter], loss: float) -> float:

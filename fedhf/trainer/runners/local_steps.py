@@ -22,6 +22,7 @@ from ...core.params import TensorDict, difference, snapshot
 from ...core.schedule import stream_seed
 from ...core.sums import RoundSums
 from ...optim import ModelAccess, OptimizerHooks
+from ...optim.whole_matrices import over_shards
 from ...runtime.labelled_logits import at_labelled_positions
 from ...runtime.model_outputs import loss_items
 from ..hooks.base import ClientMessages
@@ -31,11 +32,13 @@ logger = logging.get_logger(__name__)
 Backward = Callable[[List[List[dict]]], Sequence]  # each client's step micro-batches -> each client's step loss
 
 
-def faulty(loss_sum: float, delta: TensorDict, bound: Optional[float]) -> Optional[str]:
-    """Why a client's result cannot enter the round (None: it can)."""
+def faulty(loss_sum: float, delta: TensorDict, bound: Optional[float],
+           total: Callable[[torch.Tensor], torch.Tensor] = lambda partial: partial) -> Optional[str]:
+    """Why a client's result cannot enter the round (None: it can). ``total``: a sum over the processes' shards
+    of the squared norm (FSDP, fedhf/runtime/sharded.py)."""
     if not math.isfinite(loss_sum):
         return "non-finite loss"
-    squared = sum(d.double().pow(2).sum() for d in delta.values())
+    squared = total(sum(d.double().pow(2).sum() for d in delta.values()))
     if not torch.isfinite(squared):
         return "non-finite update"
     if bound is not None and squared.sqrt() > bound:
@@ -67,7 +70,8 @@ class LocalSteps:
         # Train mode before anything runs the model: curvature hooks run before training_step (which would set
         # it), and the first client after an evaluation would otherwise estimate curvature in eval mode.
         trainer.model.train()
-        optimizer = algo.local_optimizer.build(trainer.plan.trained(ctx.params), ctx.local_lr)  # shared + personal
+        optimizer = over_shards(algo.local_optimizer, trainer.plan.trained(ctx.params),  # shared + personal; under
+                                ctx.local_lr, trainer.shards)  # FSDP over this process's shards (optim/whole_matrices.py)
         algo.state_sync.client_begin(ctx, trainer.plan.theta_target(optimizer))  # RoLoRA: the trained factor's Theta
         optimizer.attach(access or trainer.client_data.model_access(ctx))
         return optimizer
@@ -105,7 +109,7 @@ class LocalSteps:
         trainer = self.trainer
         max_norm = trainer.args.max_grad_norm
         if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
-            torch.nn.utils.clip_grad_norm_(trained, max_norm)
+            trainer.shards.clip_grad_norm_(trained, max_norm)  # sharded: the whole gradient's norm
         correction_round = self.correction_rounds[ctx.client_id]
         trainer.algorithm.correction.before_step(ctx, correction_round)
         optimizer.step()
