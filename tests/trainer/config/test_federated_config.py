@@ -117,7 +117,7 @@ def test_the_class_docstrings_document_every_field_fedhf_declares():
 # --- the algorithm and the parameter sharing: built once, reused, never stale ---
 
 def test_the_trainer_reuses_the_algorithm_the_config_built(tmp_path, digits, monkeypatch):
-    from fedhf.trainer import config as config_module
+    from fedhf.trainer.config import federated_config as config_module
     from tests.helpers import config, digit_trainer, tiny_resnet
 
     builds = []
