@@ -1,6 +1,10 @@
-"""Feature combinations fedhf refuses, in one table, checked when the trainer is built (before any work).
+"""Feature combinations fedhf refuses, in one table, checked before any work.
 
-Each :class:`Refusal` row says when a combination is refused (``when``), what the problem is and the fix. Rows of a
+Each :class:`Refusal` row says when a combination is refused (``when``), what the problem is and the fix, and what it
+``needs`` to decide: the settings only (:data:`SETTINGS`: checked when the config is made, by
+``FederatedConfig.__post_init__``, and again when the trainer is built, for a field changed since) or the trainer
+(:data:`TRAINER`, the default: its algorithm, model, processes or loss, checked when the trainer is built). A value
+check of one field stays where the field is parsed (config_checks.py, the ``*_settings`` modules). Rows of a
 ``group`` are gathered into one message, as one setting's problems (``batched_clients``, ``client_parallel``); a
 row without a group is refused alone, the first in table order. A refusal that only a model helper can judge
 (which LoRA layers can be stacked or merged into the base) is a row whose ``check`` raises with that helper's own
@@ -23,13 +27,25 @@ from ...sharing.plan import PERSONAL, SHARED
 from ..hooks.compression import compressed_model_change
 
 
+SETTINGS = "settings"  # the row reads the config's fields only (``s.args``)
+TRAINER = "trainer"  # the row reads the built trainer: its algorithm, model, processes or loss
+
+
 @dataclass
 class Setup:
-    """What the table reads: the trainer (its args, model, algorithm, sharing and roles, processes, loss)."""
+    """What the table reads: the trainer (its args, model, algorithm, sharing and roles, processes, loss), or before
+    there is one, the settings alone (``settings``; a :data:`SETTINGS` row reads ``args`` only)."""
 
     trainer: object
+    settings: object = None
+
+    @property
+    def args(self):
+        return self.settings if self.trainer is None else self.trainer.args
 
     def __getattr__(self, name):  # the trainer's attributes, read as the rows need them
+        if name.startswith("__") or self.__dict__.get("trainer") is None:
+            raise AttributeError(f"{name!r}: a row that reads the trainer must not declare needs=SETTINGS")
         return getattr(self.trainer, name)
 
     @property
@@ -59,6 +75,7 @@ class Refusal:
     fix: Union[str, Text] = ""
     group: str = ""
     check: Optional[Callable[[Setup], None]] = None  # a model helper that raises its own message
+    needs: str = TRAINER  # or SETTINGS: decided from the config's fields alone, when the config is made
 
     def message(self, s: Setup) -> str:
         fix = self.fix(s) if callable(self.fix) else self.fix
@@ -161,7 +178,8 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: _dp(s) and s.args.client_weighting != "uniform",
             lambda s: f"`client_weighting={s.args.client_weighting!r}` weights clients by their data size, which is "
                       "data-dependent and unbounded, so one client's influence on the sums has no bound under DP",
-            "set client_weighting='uniform' (every client weighs 1; the mean divides by the expected cohort)"),
+            "set client_weighting='uniform' (every client weighs 1; the mean divides by the expected cohort)",
+            needs=SETTINGS),
     Refusal(lambda s: _dp(s) and s.rule.aggregator.gathers,
             lambda s: f"`server_rule={s.rule.name!r}` reads each client's update, which the noise on the sums does "
                       "not protect", "use a server rule that reads sums (mean, momentum, adam, ...) with dp_mode"),
@@ -173,14 +191,14 @@ COMBINATIONS: List[Refusal] = [
             "state is clipped and noised with the update)"),
     Refusal(lambda s: _dp(s) and s.args.lora_client_ranks is not None,
             lambda s: "`lora_client_ranks` sends per-entry weight masks beside the update, which clipping would "
-                      "scale as data", "leave lora_client_ranks unset under dp_mode"),
+                      "scale as data", "leave lora_client_ranks unset under dp_mode", needs=SETTINGS),
     Refusal(lambda s: _dp(s) and bool(federated_buffers(s.model)),
             lambda s: "the model has averaged buffers (BatchNorm statistics): under DP their average is noised, and a "
                       "noisy running variance can turn negative",
             "use a model without BatchNorm buffers (LayerNorm, GroupNorm) or turn dp_mode off"),
     Refusal(lambda s: _dp(s) and s.args.drift_spectral,
             lambda s: "`drift_spectral` reads every client's optimizer state, which DP does not release",
-            "set drift_spectral=False under dp_mode"),
+            "set drift_spectral=False under dp_mode", needs=SETTINGS),
     # what a DP run releases is what the accountant covers (docs/privacy.md, "What is released")
     Refusal(lambda s: _dp(s) and PERSONAL in s.sharing_roles.values(),
             lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, and the model fedhf "
@@ -200,7 +218,8 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: _dp(s) and s.args.personalized_eval,
             lambda s: "`personalized_eval` evaluates each client's own model on its own rows and logs the worst "
                       "client: per-client statistics the accountant does not cover",
-            "set personalized_eval=False under dp_mode (the global model's eval_dataset metrics stay)"),
+            "set personalized_eval=False under dp_mode (the global model's eval_dataset metrics stay)",
+            needs=SETTINGS),
     # secure aggregation: the server learns the round's sums and no single client's data
     Refusal(lambda s: s.args.secure_aggregation and PERSONAL in s.sharing_roles.values(),
             lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, whose published mean the "
@@ -208,27 +227,28 @@ COMBINATIONS: List[Refusal] = [
                       "the sums", "use parameter_sharing='all' or turn secure_aggregation off"),
     Refusal(lambda s: s.args.secure_aggregation and s.args.drift_spectral,
             lambda s: "`drift_spectral` reads every client's optimizer state, but `secure_aggregation=True` gives "
-                      "the server only the sums", "set drift_spectral=False or turn secure_aggregation off"),
+                      "the server only the sums", "set drift_spectral=False or turn secure_aggregation off",
+            needs=SETTINGS),
     Refusal(lambda s: s.args.secure_aggregation and s.args.personalized_eval,
             lambda s: "`personalized_eval` evaluates each client's own model and logs per-client statistics, but "
                       "`secure_aggregation=True` gives the server only the sums",
-            "set personalized_eval=False or turn secure_aggregation off"),
+            "set personalized_eval=False or turn secure_aggregation off", needs=SETTINGS),
     Refusal(lambda s: s.args.secure_aggregation and s.args.client_weighting != "uniform",
             lambda s: f"`client_weighting={s.args.client_weighting!r}` sends each client's row count as its weight, "
                       "in the clear beside the masked sums (a 0-d count cannot be masked on the codec's range), and "
                       "scales its values past the codec's range",
-            "set client_weighting='uniform' with secure_aggregation"),
+            "set client_weighting='uniform' with secure_aggregation", needs=SETTINGS),
     Refusal(lambda s: s.args.secure_aggregation and _secagg_problem(s) is not None,
             lambda s: f"`secure_aggregation=True` gives the server only the sums, but algorithm "
                       f"{s.algorithm.name!r}: {_secagg_problem(s)}",
             "use a server rule that reads sums (e.g. mean) or turn secure_aggregation off"),
-    Refusal(lambda s: s.args.secure_aggregation and any(not c.linear for c in
-                                                         parse_plan(s.args.uplink_compression).compressors()),
+    Refusal(lambda s: s.args.secure_aggregation and any(
+                not c.linear for c in parse_plan(s.args.uplink_compression, "uplink_compression").compressors()),
             lambda s: f"`uplink_compression={s.args.uplink_compression!r}` encodes each client's tensors with its "
                       "own scales or supports, but `secure_aggregation=True` sums masked fixed-point integers on one "
                       "shared range: the masked sum of differently scaled codes means nothing",
             "leave uplink_compression='none' under secure aggregation (its own b-bit encoding, `secagg_bits`, is "
-            "the compression) or turn secure_aggregation off"),
+            "the compression) or turn secure_aggregation off", needs=SETTINGS),
     # personalised evaluation
     Refusal(lambda s: s.args.personalized_eval and s.world.size > 1,
             lambda s: f"`personalized_eval` runs in one process; this run has {s.world.size}",
@@ -277,7 +297,7 @@ COMBINATIONS: List[Refusal] = [
                       "use state_sync='persist_local' (each client keeps its own) or 'reset'"),
     Refusal(lambda s: _ranks(s) and _batched(s),
             lambda s: f"`batched_clients={s.args.batched_clients}` trains clients together, but `lora_client_ranks` "
-                      "truncates each client's adapter differently; set batched_clients=1"),
+                      "truncates each client's adapter differently; set batched_clients=1", needs=SETTINGS),
     # a rule that folds into the base weights (FedEx-LoRA, FLoRA)
     Refusal(lambda s: s.rule.aggregator.folds_into_base and s.args.load_best_model_at_end,
             lambda s: "`load_best_model_at_end=True` keeps the best round's trainable tensors only, but "
@@ -353,11 +373,20 @@ def _stackable(model) -> None:
     trainable_linears(model)
 
 
+def check_setting_combinations(args) -> None:
+    """Raise the first refusal of the rows that need the settings only (``FederatedConfig.__post_init__``)."""
+    _refuse(Setup(None, args), [row for row in COMBINATIONS if row.needs == SETTINGS])
+
+
 def check_combinations(trainer) -> None:
-    """Raise the first refusal of the table that applies (a group's problems together, in one message)."""
-    s = Setup(trainer)
+    """Raise the first refusal of the table that applies (a group's problems together, in one message), every row
+    (the settings' ones again: a field may have changed since the config was made)."""
+    _refuse(Setup(trainer), COMBINATIONS)
+
+
+def _refuse(s: Setup, rows: List[Refusal]) -> None:
     grouped: Dict[str, List[str]] = {}
-    for row in COMBINATIONS:
+    for row in rows:
         if row.group and grouped.get(row.group) is None:
             grouped[row.group] = []
         if not row.when(s):
