@@ -156,6 +156,20 @@ def _buffered(s: Setup) -> bool:
 
 
 COMBINATIONS: List[Refusal] = [
+    # the federation's settings (each field's own value: config_checks.py)
+    Refusal(lambda s: s.args.clients_per_round > s.args.num_clients,
+            lambda s: f"`clients_per_round`={s.args.clients_per_round} exceeds `num_clients`={s.args.num_clients}; "
+                      "lower it or raise num_clients", needs=SETTINGS),
+    Refusal(lambda s: (s.args.partition_key == "embedding") != (s.args.partition_encoder is not None),
+            lambda s: "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` "
+                      f"embeds with, and only that key uses it: got partition_key={s.args.partition_key!r}, "
+                      f"partition_encoder={s.args.partition_encoder!r}", needs=SETTINGS),
+    Refusal(lambda s: s.args.quantity_skew != 0 and s.args.partition == "natural",
+            lambda s: "`quantity_skew` does not apply to `partition='natural'` (its sizes are the data's); set it to "
+                      "0 or use 'iid'/'dirichlet'", needs=SETTINGS),
+    Refusal(lambda s: s.args.personalized_eval and s.args.client_eval_fraction <= 0,
+            lambda s: "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is "
+                      "0: set client_eval_fraction (e.g. 0.1) or personalized_eval=False", needs=SETTINGS),
     # micro-batches of one local step (fedhf/trainer/runners/local_steps.py, ``accumulate``)
     Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
                                                                   or s.loss_is_scaled_for_ga),
