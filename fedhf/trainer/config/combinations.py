@@ -21,10 +21,12 @@ from transformers import Trainer
 from ...compression import parse_plan
 from ...core.lora import LORA_A, LORA_B, lora_pairs, role_of
 from ...core.params import federated_buffers
+from ...privacy.secagg import SecAggCodec
 from ...runtime.lora_layers import lora_layers
 from ...sharing.alternating import ROLORA
 from ...sharing.plan import PERSONAL, SHARED
 from ..hooks.compression import compressed_model_change
+from .privacy_settings import dp_on
 
 
 SETTINGS = "settings"  # the row reads the config's fields only (``s.args``)
@@ -151,6 +153,15 @@ def _secagg_problem(s: Setup) -> Optional[str]:
     return None if compatible else reason
 
 
+def _secagg_max_clients(args) -> int:
+    return SecAggCodec(args.secagg_bits, 1.0, 0).max_clients
+
+
+def _secagg_cohort(args) -> int:
+    """The most clients one secure sum may hold: every client under Poisson sampling, else the cohort."""
+    return max(args.num_clients if args.client_sampling == "poisson" else 0, args.clients_per_round)
+
+
 def _buffered(s: Setup) -> bool:
     return s.args.clock_profile is not None and s.args.round_policy == "fedbuff"
 
@@ -170,6 +181,55 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: s.args.personalized_eval and s.args.client_eval_fraction <= 0,
             lambda s: "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is "
                       "0: set client_eval_fraction (e.g. 0.1) or personalized_eval=False", needs=SETTINGS),
+    # the privacy settings (each field's own value: privacy_settings.py)
+    Refusal(lambda s: dp_on(s.args) and not (s.args.dp_clip_norm is not None and s.args.dp_clip_norm > 0),
+            lambda s: "differential privacy needs `dp_clip_norm` > 0 (the bound C on each client's message norm), "
+                      "e.g. 1.0", needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.dp_noise_multiplier is None and s.args.dp_epsilon is None,
+            lambda s: "differential privacy needs a target `dp_epsilon` (the noise is calibrated to it) or a "
+                      "`dp_noise_multiplier`", needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.dp_adaptive_clip_quantile is not None
+            and s.args.dp_noise_multiplier == 0,
+            lambda s: "adaptive clipping needs noise on its count: dp_noise_multiplier=0 gives it none; set "
+                      "dp_noise_multiplier > 0 (or dp_adaptive_clip_quantile=None for a fixed dp_clip_norm)",
+            needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_min_survivors is not None and s.args.dp_mode != "distributed",
+            lambda s: "`dp_min_survivors` sizes distributed DP's noise shares: set dp_mode='distributed' or leave it "
+                      "unset", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_min_survivors is not None
+            and not 1 <= s.args.dp_min_survivors <= s.args.clients_per_round,
+            lambda s: f"`dp_min_survivors` must be in [1, clients_per_round={s.args.clients_per_round}]",
+            needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_reproducible_noise and s.args.push_to_hub,
+            lambda s: "`dp_reproducible_noise=True` draws the noise from the seed the model card prints, which voids "
+                      "the privacy guarantee: it is for tests only and cannot be combined with push_to_hub; set "
+                      "dp_reproducible_noise=False", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_reproducible_noise and not dp_on(s.args) and not s.args.secure_aggregation,
+            lambda s: "`dp_reproducible_noise` is set but neither dp_mode nor secure_aggregation is on: leave it "
+                      "unset", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_adaptive_clip_quantile is not None and s.args.secure_aggregation,
+            lambda s: "adaptive clipping's per-client bit (norm <= C) is not part of the secure sum here, so the "
+                      "server would see it in the clear: set dp_adaptive_clip_quantile=None (a fixed dp_clip_norm) "
+                      "with secure_aggregation", needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.dp_accountant == "pld" and s.args.client_sampling == "fixed",
+            lambda s: "the PLD accountant has no event for fixed-size sampling without replacement: set "
+                      "dp_accountant='rdp' or client_sampling='poisson'", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_mode == "distributed" and not s.args.secure_aggregation,
+            lambda s: "`dp_mode='distributed'` adds a share of the noise on each client, which protects nothing "
+                      "unless the server sees only the sum: set secure_aggregation=True (or dp_mode='central')",
+            needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_mode == "distributed" and s.args.client_sampling != "fixed",
+            lambda s: "`dp_mode='distributed'` splits the noise over a known cohort size S; Poisson sampling's "
+                      "cohort varies: set client_sampling='fixed' (or dp_mode='central')", needs=SETTINGS),
+    Refusal(lambda s: s.args.secure_aggregation and _secagg_cohort(s.args) > _secagg_max_clients(s.args),
+            lambda s: f"`secagg_bits={s.args.secagg_bits}` lets at most {_secagg_max_clients(s.args)} clients be "
+                      "summed below 2^32; lower secagg_bits or the cohort (clients_per_round)", needs=SETTINGS),
+    Refusal(lambda s: not dp_on(s.args) and (
+                s.args.dp_epsilon is not None or s.args.dp_noise_multiplier is not None
+                or s.args.dp_clip_norm is not None or s.args.dp_adaptive_clip_quantile is not None
+                or s.args.dp_stop_at_budget),
+            lambda s: "a `dp_*` setting is set but `dp_mode` is 'off': set dp_mode='central' (or 'distributed') to "
+                      "use it", needs=SETTINGS),
     # micro-batches of one local step (fedhf/trainer/runners/local_steps.py, ``accumulate``)
     Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
                                                                   or s.loss_is_scaled_for_ga),
