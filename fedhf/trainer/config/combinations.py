@@ -26,6 +26,7 @@ from ...runtime.lora_layers import lora_layers
 from ...sharing.alternating import ROLORA
 from ...sharing.plan import PERSONAL, SHARED
 from ..hooks.compression import compressed_model_change
+from .clock_settings import clients_drop, clock_on
 from .privacy_settings import dp_on
 
 
@@ -230,6 +231,48 @@ COMBINATIONS: List[Refusal] = [
                 or s.args.dp_stop_at_budget),
             lambda s: "a `dp_*` setting is set but `dp_mode` is 'off': set dp_mode='central' (or 'distributed') to "
                       "use it", needs=SETTINGS),
+    # the simulated clock's settings (each field's own value: clock_settings.py)
+    Refusal(lambda s: not clock_on(s.args) and (
+                s.args.round_policy != "wait_all" or s.args.round_deadline_s is not None or s.args.over_selection != 0
+                or s.args.clock_budget_s is not None or s.args.clock_availability != 1),
+            lambda s: "a clock setting is set but `clock_profile` is None: set clock_profile='lognormal' (or "
+                      "'uniform', or a CSV trace) to simulate time", needs=SETTINGS),
+    Refusal(lambda s: s.args.round_policy == "deadline"
+            and not (s.args.round_deadline_s is not None and s.args.round_deadline_s > 0),
+            lambda s: "`round_policy='deadline'` needs `round_deadline_s` > 0 (the reporting deadline in simulated "
+                      "seconds)", needs=SETTINGS),
+    Refusal(lambda s: s.args.over_selection != 0 and s.args.round_policy != "deadline",
+            lambda s: "`over_selection` only applies to round_policy='deadline' (wait_all keeps every sampled "
+                      "client)", needs=SETTINGS),
+    Refusal(lambda s: s.args.async_concurrency is not None
+            and not (_buffered(s) and s.args.async_concurrency >= s.args.clients_per_round),
+            lambda s: "`async_concurrency` applies to round_policy='fedbuff' and must be >= clients_per_round (the "
+                      "reports the server waits for)", needs=SETTINGS),
+    Refusal(lambda s: s.args.over_selection > 0 and s.args.dp_mode != "off",
+            lambda s: "`over_selection` samples more clients than clients_per_round, but the DP accountant's "
+                      "sampling rate is clients_per_round / num_clients: set over_selection=0 under dp_mode",
+            needs=SETTINGS),
+    Refusal(lambda s: _buffered(s) and (s.args.dp_mode != "off" or s.args.secure_aggregation),
+            lambda s: "round_policy='fedbuff' sums reports that started from different global models; the DP "
+                      "accountant and the secure aggregation's cohort assume one synchronous round: use "
+                      "round_policy='wait_all' or 'deadline'", needs=SETTINGS),
+    Refusal(lambda s: _buffered(s) and s.args.downlink_compression != "none",
+            lambda s: "round_policy='fedbuff' sends each client the model of its own moment, but a compressed "
+                      "downlink assumes every client holds the server's last broadcast: set "
+                      "downlink_compression='none'", needs=SETTINGS),
+    # Dropping clients independently of their data only thins Poisson sampling (each client's inclusion
+    # probability stays <= q, so the accountant's q is conservative); fixed-size sampling's replace-one analysis
+    # and distributed noise shares assume the whole cohort reports.
+    Refusal(lambda s: clients_drop(s.args) and s.args.dp_mode == "central" and s.args.client_sampling != "poisson",
+            lambda s: "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) change "
+                      "fixed-size sampling's cohort, which the DP accountant assumes: set client_sampling='poisson' "
+                      "(dropping then only lowers each client's inclusion probability below the accounted q)",
+            needs=SETTINGS),
+    Refusal(lambda s: clients_drop(s.args) and (s.args.dp_mode == "distributed" or s.args.secure_aggregation),
+            lambda s: "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) are not part "
+                      "of the simulated secure aggregation's cohort and would leave distributed noise short: use "
+                      "dp_mode='central' without secure_aggregation, or round_policy='wait_all' with "
+                      "clock_availability=1", needs=SETTINGS),
     # micro-batches of one local step (fedhf/trainer/runners/local_steps.py, ``accumulate``)
     Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
                                                                   or s.loss_is_scaled_for_ga),
