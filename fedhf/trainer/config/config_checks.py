@@ -88,7 +88,8 @@ def check_mixed_precision(config) -> None:
 
 def check_federation_fields(config, client_weightings, round_schedules) -> None:
     """The federation's own fields, each with the fix named (``FederatedConfig.__post_init__``, after the kwargs
-    are parsed and ``clients_per_round`` defaulted); their combinations are rows of fedhf/trainer/config/combinations.py."""
+    are parsed and ``clients_per_round`` defaulted); their combinations are rows of the refusal table
+    (fedhf/trainer/config/combinations.py)."""
     checks = [
         (config.num_clients >= 1, "`num_clients` must be >= 1"),
         (config.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
