@@ -83,17 +83,18 @@ def concurrency(args) -> int:
     return min(args.num_clients, args.async_concurrency if args.async_concurrency is not None else default)
 
 
+def clients_drop(args) -> bool:
+    """Whether sampled clients may not report: a deadline, availability below 1, or a trace."""
+    profile = args.clock_profile
+    return clock_on(args) and (args.round_policy != "wait_all" or args.clock_availability < 1
+                               or (profile not in PROFILES and profile is not None))
+
+
 def check_clock_fields(args) -> None:
-    """Each clock field's value, and the combinations that cannot work, with the fix named."""
+    """Each clock field's value, with the fix named; the combinations that cannot work are rows of the refusal
+    table (fedhf/trainer/config/combinations.py)."""
     on, profile = clock_on(args), args.clock_profile
-    drops = on and (args.round_policy != "wait_all" or args.clock_availability < 1
-                    or (profile not in PROFILES and profile is not None))
-    buffered = on and args.round_policy == "fedbuff"
     checks = [
-        (on or (args.round_policy == "wait_all" and args.round_deadline_s is None and args.over_selection == 0
-                and args.clock_budget_s is None and args.clock_availability == 1),
-         "a clock setting is set but `clock_profile` is None: set clock_profile='lognormal' (or 'uniform', or a CSV "
-         "trace) to simulate time"),
         (not on or profile in PROFILES or os.path.isfile(str(profile)),
          f"`clock_profile` must be one of {PROFILES} or the path of a CSV trace; {profile!r} is neither"),
         (args.clock_tokens_per_s > 0 and args.clock_uplink_mbps > 0 and args.clock_downlink_mbps > 0,
@@ -101,35 +102,8 @@ def check_clock_fields(args) -> None:
         (args.clock_spread >= 0, "`clock_spread` must be >= 0 (0: every client at the medians)"),
         (0 < args.clock_availability <= 1, "`clock_availability` must be in (0, 1]"),
         (args.round_policy in ROUND_POLICIES, f"`round_policy` must be one of {ROUND_POLICIES}"),
-        (args.round_policy != "deadline" or (args.round_deadline_s is not None and args.round_deadline_s > 0),
-         "`round_policy='deadline'` needs `round_deadline_s` > 0 (the reporting deadline in simulated seconds)"),
         (args.over_selection >= 0, "`over_selection` must be >= 0, e.g. 0.3"),
-        (args.over_selection == 0 or args.round_policy == "deadline",
-         "`over_selection` only applies to round_policy='deadline' (wait_all keeps every sampled client)"),
         (args.clock_budget_s is None or args.clock_budget_s > 0, "`clock_budget_s` must be > 0"),
-        (args.async_concurrency is None or (buffered and args.async_concurrency >= args.clients_per_round),
-         "`async_concurrency` applies to round_policy='fedbuff' and must be >= clients_per_round (the reports the "
-         "server waits for)"),
-        (not (args.over_selection > 0 and args.dp_mode != "off"),
-         "`over_selection` samples more clients than clients_per_round, but the DP accountant's sampling rate is "
-         "clients_per_round / num_clients: set over_selection=0 under dp_mode"),
-        (not (buffered and (args.dp_mode != "off" or args.secure_aggregation)),
-         "round_policy='fedbuff' sums reports that started from different global models; the DP accountant and the "
-         "secure aggregation's cohort assume one synchronous round: use round_policy='wait_all' or 'deadline'"),
-        (not (buffered and args.downlink_compression != "none"),
-         "round_policy='fedbuff' sends each client the model of its own moment, but a compressed downlink assumes "
-         "every client holds the server's last broadcast: set downlink_compression='none'"),
-        # Dropping clients independently of their data only thins Poisson sampling (each client's inclusion
-        # probability stays <= q, so the accountant's q is conservative); fixed-size sampling's replace-one analysis
-        # and distributed noise shares assume the whole cohort reports.
-        (not (drops and args.dp_mode == "central" and args.client_sampling != "poisson"),
-         "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) change fixed-size "
-         "sampling's cohort, which the DP accountant assumes: set client_sampling='poisson' (dropping then only "
-         "lowers each client's inclusion probability below the accounted q)"),
-        (not (drops and (args.dp_mode == "distributed" or args.secure_aggregation)),
-         "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) are not part of the "
-         "simulated secure aggregation's cohort and would leave distributed noise short: use dp_mode='central' "
-         "without secure_aggregation, or round_policy='wait_all' with clock_availability=1"),
     ]
     for ok, message in checks:
         if not ok:

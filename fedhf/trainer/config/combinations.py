@@ -1,6 +1,10 @@
-"""Feature combinations fedhf refuses, in one table, checked when the trainer is built (before any work).
+"""Feature combinations fedhf refuses, in one table, checked before any work.
 
-Each :class:`Refusal` row says when a combination is refused (``when``), what the problem is and the fix. Rows of a
+Each :class:`Refusal` row says when a combination is refused (``when``), what the problem is and the fix, and what it
+``needs`` to decide: the settings only (:data:`SETTINGS`: checked when the config is made, by
+``FederatedConfig.__post_init__``, and again when the trainer is built, for a field changed since) or the trainer
+(:data:`TRAINER`, the default: its algorithm, model, processes or loss, checked when the trainer is built). A value
+check of one field stays where the field is parsed (config_checks.py, the ``*_settings`` modules). Rows of a
 ``group`` are gathered into one message, as one setting's problems (``batched_clients``, ``client_parallel``); a
 row without a group is refused alone, the first in table order. A refusal that only a model helper can judge
 (which LoRA layers can be stacked or merged into the base) is a row whose ``check`` raises with that helper's own
@@ -17,20 +21,35 @@ from transformers import Trainer
 from ...compression import parse_plan
 from ...core.lora import LORA_A, LORA_B, lora_pairs, role_of
 from ...core.params import federated_buffers
+from ...privacy.secagg import SecAggCodec
 from ...runtime.lora_layers import lora_layers
 from ...runtime.sharded import sharding_requested
 from ...sharing.alternating import ROLORA
 from ...sharing.plan import PERSONAL, SHARED
 from ..hooks.compression import compressed_model_change
+from .clock_settings import clients_drop, clock_on
+from .privacy_settings import dp_on
+
+
+SETTINGS = "settings"  # the row reads the config's fields only (``s.args``)
+TRAINER = "trainer"  # the row reads the built trainer: its algorithm, model, processes or loss
 
 
 @dataclass
 class Setup:
-    """What the table reads: the trainer (its args, model, algorithm, sharing and roles, processes, loss)."""
+    """What the table reads: the trainer (its args, model, algorithm, sharing and roles, processes, loss), or before
+    there is one, the settings alone (``settings``; a :data:`SETTINGS` row reads ``args`` only)."""
 
     trainer: object
+    settings: object = None
+
+    @property
+    def args(self):
+        return self.settings if self.trainer is None else self.trainer.args
 
     def __getattr__(self, name):  # the trainer's attributes, read as the rows need them
+        if name.startswith("__") or self.__dict__.get("trainer") is None:
+            raise AttributeError(f"{name!r}: a row that reads the trainer must not declare needs=SETTINGS")
         return getattr(self.trainer, name)
 
     @property
@@ -60,6 +79,7 @@ class Refusal:
     fix: Union[str, Text] = ""
     group: str = ""
     check: Optional[Callable[[Setup], None]] = None  # a model helper that raises its own message
+    needs: str = TRAINER  # or SETTINGS: decided from the config's fields alone, when the config is made
 
     def message(self, s: Setup) -> str:
         fix = self.fix(s) if callable(self.fix) else self.fix
@@ -135,11 +155,125 @@ def _secagg_problem(s: Setup) -> Optional[str]:
     return None if compatible else reason
 
 
+def _secagg_max_clients(args) -> int:
+    return SecAggCodec(args.secagg_bits, 1.0, 0).max_clients
+
+
+def _secagg_cohort(args) -> int:
+    """The most clients one secure sum may hold: every client under Poisson sampling, else the cohort."""
+    return max(args.num_clients if args.client_sampling == "poisson" else 0, args.clients_per_round)
+
+
 def _buffered(s: Setup) -> bool:
     return s.args.clock_profile is not None and s.args.round_policy == "fedbuff"
 
 
 COMBINATIONS: List[Refusal] = [
+    # the federation's settings (each field's own value: config_checks.py)
+    Refusal(lambda s: s.args.clients_per_round > s.args.num_clients,
+            lambda s: f"`clients_per_round`={s.args.clients_per_round} exceeds `num_clients`={s.args.num_clients}; "
+                      "lower it or raise num_clients", needs=SETTINGS),
+    Refusal(lambda s: (s.args.partition_key == "embedding") != (s.args.partition_encoder is not None),
+            lambda s: "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` "
+                      f"embeds with, and only that key uses it: got partition_key={s.args.partition_key!r}, "
+                      f"partition_encoder={s.args.partition_encoder!r}", needs=SETTINGS),
+    Refusal(lambda s: s.args.quantity_skew != 0 and s.args.partition == "natural",
+            lambda s: "`quantity_skew` does not apply to `partition='natural'` (its sizes are the data's); set it to "
+                      "0 or use 'iid'/'dirichlet'", needs=SETTINGS),
+    Refusal(lambda s: s.args.personalized_eval and s.args.client_eval_fraction <= 0,
+            lambda s: "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is "
+                      "0: set client_eval_fraction (e.g. 0.1) or personalized_eval=False", needs=SETTINGS),
+    # the privacy settings (each field's own value: privacy_settings.py)
+    Refusal(lambda s: dp_on(s.args) and not (s.args.dp_clip_norm is not None and s.args.dp_clip_norm > 0),
+            lambda s: "differential privacy needs `dp_clip_norm` > 0 (the bound C on each client's message norm), "
+                      "e.g. 1.0", needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.dp_noise_multiplier is None and s.args.dp_epsilon is None,
+            lambda s: "differential privacy needs a target `dp_epsilon` (the noise is calibrated to it) or a "
+                      "`dp_noise_multiplier`", needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.dp_adaptive_clip_quantile is not None
+            and s.args.dp_noise_multiplier == 0,
+            lambda s: "adaptive clipping needs noise on its count: dp_noise_multiplier=0 gives it none; set "
+                      "dp_noise_multiplier > 0 (or dp_adaptive_clip_quantile=None for a fixed dp_clip_norm)",
+            needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_min_survivors is not None and s.args.dp_mode != "distributed",
+            lambda s: "`dp_min_survivors` sizes distributed DP's noise shares: set dp_mode='distributed' or leave it "
+                      "unset", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_min_survivors is not None
+            and not 1 <= s.args.dp_min_survivors <= s.args.clients_per_round,
+            lambda s: f"`dp_min_survivors` must be in [1, clients_per_round={s.args.clients_per_round}]",
+            needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_reproducible_noise and s.args.push_to_hub,
+            lambda s: "`dp_reproducible_noise=True` draws the noise from the seed the model card prints, which voids "
+                      "the privacy guarantee: it is for tests only and cannot be combined with push_to_hub; set "
+                      "dp_reproducible_noise=False", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_reproducible_noise and not dp_on(s.args) and not s.args.secure_aggregation,
+            lambda s: "`dp_reproducible_noise` is set but neither dp_mode nor secure_aggregation is on: leave it "
+                      "unset", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_adaptive_clip_quantile is not None and s.args.secure_aggregation,
+            lambda s: "adaptive clipping's per-client bit (norm <= C) is not part of the secure sum here, so the "
+                      "server would see it in the clear: set dp_adaptive_clip_quantile=None (a fixed dp_clip_norm) "
+                      "with secure_aggregation", needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.dp_accountant == "pld" and s.args.client_sampling == "fixed",
+            lambda s: "the PLD accountant has no event for fixed-size sampling without replacement: set "
+                      "dp_accountant='rdp' or client_sampling='poisson'", needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_mode == "distributed" and not s.args.secure_aggregation,
+            lambda s: "`dp_mode='distributed'` adds a share of the noise on each client, which protects nothing "
+                      "unless the server sees only the sum: set secure_aggregation=True (or dp_mode='central')",
+            needs=SETTINGS),
+    Refusal(lambda s: s.args.dp_mode == "distributed" and s.args.client_sampling != "fixed",
+            lambda s: "`dp_mode='distributed'` splits the noise over a known cohort size S; Poisson sampling's "
+                      "cohort varies: set client_sampling='fixed' (or dp_mode='central')", needs=SETTINGS),
+    Refusal(lambda s: s.args.secure_aggregation and _secagg_cohort(s.args) > _secagg_max_clients(s.args),
+            lambda s: f"`secagg_bits={s.args.secagg_bits}` lets at most {_secagg_max_clients(s.args)} clients be "
+                      "summed below 2^32; lower secagg_bits or the cohort (clients_per_round)", needs=SETTINGS),
+    Refusal(lambda s: not dp_on(s.args) and (
+                s.args.dp_epsilon is not None or s.args.dp_noise_multiplier is not None
+                or s.args.dp_clip_norm is not None or s.args.dp_adaptive_clip_quantile is not None
+                or s.args.dp_stop_at_budget),
+            lambda s: "a `dp_*` setting is set but `dp_mode` is 'off': set dp_mode='central' (or 'distributed') to "
+                      "use it", needs=SETTINGS),
+    # the simulated clock's settings (each field's own value: clock_settings.py)
+    Refusal(lambda s: not clock_on(s.args) and (
+                s.args.round_policy != "wait_all" or s.args.round_deadline_s is not None or s.args.over_selection != 0
+                or s.args.clock_budget_s is not None or s.args.clock_availability != 1),
+            lambda s: "a clock setting is set but `clock_profile` is None: set clock_profile='lognormal' (or "
+                      "'uniform', or a CSV trace) to simulate time", needs=SETTINGS),
+    Refusal(lambda s: s.args.round_policy == "deadline"
+            and not (s.args.round_deadline_s is not None and s.args.round_deadline_s > 0),
+            lambda s: "`round_policy='deadline'` needs `round_deadline_s` > 0 (the reporting deadline in simulated "
+                      "seconds)", needs=SETTINGS),
+    Refusal(lambda s: s.args.over_selection != 0 and s.args.round_policy != "deadline",
+            lambda s: "`over_selection` only applies to round_policy='deadline' (wait_all keeps every sampled "
+                      "client)", needs=SETTINGS),
+    Refusal(lambda s: s.args.async_concurrency is not None
+            and not (_buffered(s) and s.args.async_concurrency >= s.args.clients_per_round),
+            lambda s: "`async_concurrency` applies to round_policy='fedbuff' and must be >= clients_per_round (the "
+                      "reports the server waits for)", needs=SETTINGS),
+    Refusal(lambda s: s.args.over_selection > 0 and s.args.dp_mode != "off",
+            lambda s: "`over_selection` samples more clients than clients_per_round, but the DP accountant's "
+                      "sampling rate is clients_per_round / num_clients: set over_selection=0 under dp_mode",
+            needs=SETTINGS),
+    Refusal(lambda s: _buffered(s) and (s.args.dp_mode != "off" or s.args.secure_aggregation),
+            lambda s: "round_policy='fedbuff' sums reports that started from different global models; the DP "
+                      "accountant and the secure aggregation's cohort assume one synchronous round: use "
+                      "round_policy='wait_all' or 'deadline'", needs=SETTINGS),
+    Refusal(lambda s: _buffered(s) and s.args.downlink_compression != "none",
+            lambda s: "round_policy='fedbuff' sends each client the model of its own moment, but a compressed "
+                      "downlink assumes every client holds the server's last broadcast: set "
+                      "downlink_compression='none'", needs=SETTINGS),
+    # Dropping clients independently of their data only thins Poisson sampling (each client's inclusion
+    # probability stays <= q, so the accountant's q is conservative); fixed-size sampling's replace-one analysis
+    # and distributed noise shares assume the whole cohort reports.
+    Refusal(lambda s: clients_drop(s.args) and s.args.dp_mode == "central" and s.args.client_sampling != "poisson",
+            lambda s: "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) change "
+                      "fixed-size sampling's cohort, which the DP accountant assumes: set client_sampling='poisson' "
+                      "(dropping then only lowers each client's inclusion probability below the accounted q)",
+            needs=SETTINGS),
+    Refusal(lambda s: clients_drop(s.args) and (s.args.dp_mode == "distributed" or s.args.secure_aggregation),
+            lambda s: "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) are not part "
+                      "of the simulated secure aggregation's cohort and would leave distributed noise short: use "
+                      "dp_mode='central' without secure_aggregation, or round_policy='wait_all' with "
+                      "clock_availability=1", needs=SETTINGS),
     # micro-batches of one local step (fedhf/trainer/runners/local_steps.py, ``accumulate``)
     Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
                                                                   or s.loss_is_scaled_for_ga),
@@ -162,7 +296,8 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: _dp(s) and s.args.client_weighting != "uniform",
             lambda s: f"`client_weighting={s.args.client_weighting!r}` weights clients by their data size, which is "
                       "data-dependent and unbounded, so one client's influence on the sums has no bound under DP",
-            "set client_weighting='uniform' (every client weighs 1; the mean divides by the expected cohort)"),
+            "set client_weighting='uniform' (every client weighs 1; the mean divides by the expected cohort)",
+            needs=SETTINGS),
     Refusal(lambda s: _dp(s) and s.rule.aggregator.gathers,
             lambda s: f"`server_rule={s.rule.name!r}` reads each client's update, which the noise on the sums does "
                       "not protect", "use a server rule that reads sums (mean, momentum, adam, ...) with dp_mode"),
@@ -174,14 +309,14 @@ COMBINATIONS: List[Refusal] = [
             "state is clipped and noised with the update)"),
     Refusal(lambda s: _dp(s) and s.args.lora_client_ranks is not None,
             lambda s: "`lora_client_ranks` sends per-entry weight masks beside the update, which clipping would "
-                      "scale as data", "leave lora_client_ranks unset under dp_mode"),
+                      "scale as data", "leave lora_client_ranks unset under dp_mode", needs=SETTINGS),
     Refusal(lambda s: _dp(s) and bool(federated_buffers(s.model)),
             lambda s: "the model has averaged buffers (BatchNorm statistics): under DP their average is noised, and a "
                       "noisy running variance can turn negative",
             "use a model without BatchNorm buffers (LayerNorm, GroupNorm) or turn dp_mode off"),
     Refusal(lambda s: _dp(s) and s.args.drift_spectral,
             lambda s: "`drift_spectral` reads every client's optimizer state, which DP does not release",
-            "set drift_spectral=False under dp_mode"),
+            "set drift_spectral=False under dp_mode", needs=SETTINGS),
     # what a DP run releases is what the accountant covers (docs/privacy.md, "What is released")
     Refusal(lambda s: _dp(s) and PERSONAL in s.sharing_roles.values(),
             lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, and the model fedhf "
@@ -201,7 +336,8 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: _dp(s) and s.args.personalized_eval,
             lambda s: "`personalized_eval` evaluates each client's own model on its own rows and logs the worst "
                       "client: per-client statistics the accountant does not cover",
-            "set personalized_eval=False under dp_mode (the global model's eval_dataset metrics stay)"),
+            "set personalized_eval=False under dp_mode (the global model's eval_dataset metrics stay)",
+            needs=SETTINGS),
     # secure aggregation: the server learns the round's sums and no single client's data
     Refusal(lambda s: s.args.secure_aggregation and PERSONAL in s.sharing_roles.values(),
             lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, whose published mean the "
@@ -209,27 +345,28 @@ COMBINATIONS: List[Refusal] = [
                       "the sums", "use parameter_sharing='all' or turn secure_aggregation off"),
     Refusal(lambda s: s.args.secure_aggregation and s.args.drift_spectral,
             lambda s: "`drift_spectral` reads every client's optimizer state, but `secure_aggregation=True` gives "
-                      "the server only the sums", "set drift_spectral=False or turn secure_aggregation off"),
+                      "the server only the sums", "set drift_spectral=False or turn secure_aggregation off",
+            needs=SETTINGS),
     Refusal(lambda s: s.args.secure_aggregation and s.args.personalized_eval,
             lambda s: "`personalized_eval` evaluates each client's own model and logs per-client statistics, but "
                       "`secure_aggregation=True` gives the server only the sums",
-            "set personalized_eval=False or turn secure_aggregation off"),
+            "set personalized_eval=False or turn secure_aggregation off", needs=SETTINGS),
     Refusal(lambda s: s.args.secure_aggregation and s.args.client_weighting != "uniform",
             lambda s: f"`client_weighting={s.args.client_weighting!r}` sends each client's row count as its weight, "
                       "in the clear beside the masked sums (a 0-d count cannot be masked on the codec's range), and "
                       "scales its values past the codec's range",
-            "set client_weighting='uniform' with secure_aggregation"),
+            "set client_weighting='uniform' with secure_aggregation", needs=SETTINGS),
     Refusal(lambda s: s.args.secure_aggregation and _secagg_problem(s) is not None,
             lambda s: f"`secure_aggregation=True` gives the server only the sums, but algorithm "
                       f"{s.algorithm.name!r}: {_secagg_problem(s)}",
             "use a server rule that reads sums (e.g. mean) or turn secure_aggregation off"),
-    Refusal(lambda s: s.args.secure_aggregation and any(not c.linear for c in
-                                                         parse_plan(s.args.uplink_compression).compressors()),
+    Refusal(lambda s: s.args.secure_aggregation and any(
+                not c.linear for c in parse_plan(s.args.uplink_compression, "uplink_compression").compressors()),
             lambda s: f"`uplink_compression={s.args.uplink_compression!r}` encodes each client's tensors with its "
                       "own scales or supports, but `secure_aggregation=True` sums masked fixed-point integers on one "
                       "shared range: the masked sum of differently scaled codes means nothing",
             "leave uplink_compression='none' under secure aggregation (its own b-bit encoding, `secagg_bits`, is "
-            "the compression) or turn secure_aggregation off"),
+            "the compression) or turn secure_aggregation off", needs=SETTINGS),
     # personalised evaluation
     Refusal(lambda s: s.args.personalized_eval and s.world.size > 1,
             lambda s: f"`personalized_eval` runs in one process; this run has {s.world.size}",
@@ -278,7 +415,7 @@ COMBINATIONS: List[Refusal] = [
                       "use state_sync='persist_local' (each client keeps its own) or 'reset'"),
     Refusal(lambda s: _ranks(s) and _batched(s),
             lambda s: f"`batched_clients={s.args.batched_clients}` trains clients together, but `lora_client_ranks` "
-                      "truncates each client's adapter differently; set batched_clients=1"),
+                      "truncates each client's adapter differently; set batched_clients=1", needs=SETTINGS),
     # a rule that folds into the base weights (FedEx-LoRA, FLoRA)
     Refusal(lambda s: s.rule.aggregator.folds_into_base and s.args.load_best_model_at_end,
             lambda s: "`load_best_model_at_end=True` keeps the best round's trainable tensors only, but "
@@ -387,11 +524,20 @@ def _stackable(model) -> None:
     trainable_linears(model)
 
 
+def check_setting_combinations(args) -> None:
+    """Raise the first refusal of the rows that need the settings only (``FederatedConfig.__post_init__``)."""
+    _refuse(Setup(None, args), [row for row in COMBINATIONS if row.needs == SETTINGS])
+
+
 def check_combinations(trainer) -> None:
-    """Raise the first refusal of the table that applies (a group's problems together, in one message)."""
-    s = Setup(trainer)
+    """Raise the first refusal of the table that applies (a group's problems together, in one message), every row
+    (the settings' ones again: a field may have changed since the config was made)."""
+    _refuse(Setup(trainer), COMBINATIONS)
+
+
+def _refuse(s: Setup, rows: List[Refusal]) -> None:
     grouped: Dict[str, List[str]] = {}
-    for row in COMBINATIONS:
+    for row in rows:
         if row.group and grouped.get(row.group) is None:
             grouped[row.group] = []
         if not row.when(s):

@@ -88,13 +88,11 @@ def check_mixed_precision(config) -> None:
 
 def check_federation_fields(config, client_weightings, round_schedules) -> None:
     """The federation's own fields, each with the fix named (``FederatedConfig.__post_init__``, after the kwargs
-    are parsed and ``clients_per_round`` defaulted)."""
+    are parsed and ``clients_per_round`` defaulted); their combinations are rows of the refusal table
+    (fedhf/trainer/config/combinations.py)."""
     checks = [
         (config.num_clients >= 1, "`num_clients` must be >= 1"),
         (config.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
-        (config.clients_per_round <= config.num_clients,
-         f"`clients_per_round`={config.clients_per_round} exceeds `num_clients`={config.num_clients}; lower it or "
-         "raise num_clients"),
         (config.num_rounds >= 1, "`num_rounds` must be >= 1"),
         (config.local_steps >= 1, f"`local_steps` must be >= 1 (got {config.local_steps})"),
         (config.partition in PARTITIONERS, f"`partition` must be one of {PARTITIONERS}, got {config.partition!r}"),
@@ -106,20 +104,10 @@ def check_federation_fields(config, client_weightings, round_schedules) -> None:
          f"`partition_key` must be one of {PARTITION_KEYS} (or a callable passed as "
          f"FederatedTrainer(partition_key=...)), got {config.partition_key!r}"),
         (config.partition_key_buckets >= 2, f"`partition_key_buckets` must be >= 2 (got {config.partition_key_buckets})"),
-        ((config.partition_key == "embedding") == (config.partition_encoder is not None),
-         "`partition_encoder` (a local sentence-encoder folder) is what `partition_key='embedding'` embeds with, "
-         f"and only that key uses it: got partition_key={config.partition_key!r}, "
-         f"partition_encoder={config.partition_encoder!r}"),
         (math.isfinite(config.quantity_skew) and config.quantity_skew >= 0,
          f"`quantity_skew` must be a finite number >= 0 (got {config.quantity_skew}); 0 = equal sizes, 1 = Zipf"),
-        (config.quantity_skew == 0 or config.partition != "natural",
-         "`quantity_skew` does not apply to `partition='natural'` (its sizes are the data's); set it to 0 or use "
-         "'iid'/'dirichlet'"),
         (0 <= config.client_eval_fraction < 1,
          f"`client_eval_fraction` must be in [0, 1) (got {config.client_eval_fraction}); e.g. 0.1"),
-        (not config.personalized_eval or config.client_eval_fraction > 0,
-         "`personalized_eval` evaluates each client on its held-out rows, but `client_eval_fraction` is 0: "
-         "set client_eval_fraction (e.g. 0.1) or personalized_eval=False"),
         (config.lora_client_ranks is None or (len(config.lora_client_ranks) == config.num_clients
                                             and all(int(r) >= 1 for r in config.lora_client_ranks)),
          f"`lora_client_ranks` needs one rank >= 1 per client ({config.num_clients}), got {config.lora_client_ranks}"),

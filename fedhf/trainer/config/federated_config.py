@@ -30,11 +30,12 @@ from ...server import AGGREGATORS, SERVER_RULES, SERVER_TRANSFORMS
 from ...sharing.plan import PRESETS, ParameterSharing
 from ...sync import STATE_SYNCS
 from .clock_settings import ClockSettings, check_clock_fields
+from .combinations import check_setting_combinations
 from .compression_settings import CompressionSettings
 from .field_help import choice_list
 from ..hub import check_hub_access
 from .partition_settings import PartitionSettings
-from .privacy_settings import PrivacySettings, check_privacy_fields
+from .privacy_settings import PrivacySettings, check_privacy_budget, check_privacy_fields
 from .settings import check_ddp_timeout, map_round_strategies, refuse_unsupported
 
 ROUND_SCHEDULES = ("cosine", "constant")
@@ -315,6 +316,8 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
         check_federation_fields(self, CLIENT_WEIGHTINGS, ROUND_SCHEDULES)
         check_privacy_fields(self)
         check_clock_fields(self)
+        check_setting_combinations(self)  # the refusal table's rows that need the settings only
+        check_privacy_budget(self)
         if self.partition_encoder is not None:
             check_encoder(self.partition_encoder)  # a local folder, before any work
         # Fails here, before any model or data is touched, on an unknown name or a bad keyword; the trainer reuses

@@ -159,17 +159,12 @@ def secagg_codec(args, z_sums: Optional[float]) -> SecAggCodec:
 
 
 def check_privacy_fields(args) -> None:
-    """Each privacy field's value, and the pairs that cannot work, with the fix named."""
-    on = dp_on(args)
+    """Each privacy field's value, with the fix named; the pairs that cannot work are rows of the refusal table
+    (fedhf/trainer/config/combinations.py), and what the budget allows is :func:`check_privacy_budget`."""
     checks = [
         (args.client_sampling in SAMPLINGS, f"`client_sampling` must be one of {SAMPLINGS}"),
         (args.dp_mode in DP_MODES, f"`dp_mode` must be one of {DP_MODES}"),
         (args.dp_accountant in ACCOUNTANTS, f"`dp_accountant` must be one of {ACCOUNTANTS}"),
-        (not on or (args.dp_clip_norm is not None and args.dp_clip_norm > 0),
-         "differential privacy needs `dp_clip_norm` > 0 (the bound C on each client's message norm), e.g. 1.0"),
-        (not on or args.dp_noise_multiplier is not None or args.dp_epsilon is not None,
-         "differential privacy needs a target `dp_epsilon` (the noise is calibrated to it) or a "
-         "`dp_noise_multiplier`"),
         (args.dp_noise_multiplier is None or args.dp_noise_multiplier >= 0, "`dp_noise_multiplier` must be >= 0"),
         (args.dp_epsilon is None or args.dp_epsilon > 0, "`dp_epsilon` must be > 0"),
         (args.dp_delta is None or 0 < args.dp_delta < 1, "`dp_delta` must be in (0, 1), e.g. 1e-5"),
@@ -180,42 +175,16 @@ def check_privacy_fields(args) -> None:
          "`dp_adaptive_clip_count_std` must be > 0"),
         (1 <= args.secagg_bits <= 31, "`secagg_bits` must be in [1, 31] (the sums live in Z_2^32), e.g. 20"),
         (args.secagg_range is None or args.secagg_range > 0, "`secagg_range` must be > 0"),
-        (not (on and args.dp_adaptive_clip_quantile is not None and args.dp_noise_multiplier == 0),
-         "adaptive clipping needs noise on its count: dp_noise_multiplier=0 gives it none; set "
-         "dp_noise_multiplier > 0 (or dp_adaptive_clip_quantile=None for a fixed dp_clip_norm)"),
-        (args.dp_min_survivors is None or args.dp_mode == "distributed",
-         "`dp_min_survivors` sizes distributed DP's noise shares: set dp_mode='distributed' or leave it unset"),
-        (args.dp_min_survivors is None or 1 <= args.dp_min_survivors <= args.clients_per_round,
-         f"`dp_min_survivors` must be in [1, clients_per_round={args.clients_per_round}]"),
-        (not (args.dp_reproducible_noise and args.push_to_hub),
-         "`dp_reproducible_noise=True` draws the noise from the seed the model card prints, which voids the privacy "
-         "guarantee: it is for tests only and cannot be combined with push_to_hub; set dp_reproducible_noise=False"),
-        (not args.dp_reproducible_noise or on or args.secure_aggregation,
-         "`dp_reproducible_noise` is set but neither dp_mode nor secure_aggregation is on: leave it unset"),
-        (args.dp_adaptive_clip_quantile is None or not args.secure_aggregation,
-         "adaptive clipping's per-client bit (norm <= C) is not part of the secure sum here, so the server would see "
-         "it in the clear: set dp_adaptive_clip_quantile=None (a fixed dp_clip_norm) with secure_aggregation"),
-        (not (on and args.dp_accountant == "pld" and args.client_sampling == "fixed"),
-         "the PLD accountant has no event for fixed-size sampling without replacement: set dp_accountant='rdp' or "
-         "client_sampling='poisson'"),
-        (args.dp_mode != "distributed" or args.secure_aggregation,
-         "`dp_mode='distributed'` adds a share of the noise on each client, which protects nothing unless the "
-         "server sees only the sum: set secure_aggregation=True (or dp_mode='central')"),
-        (args.dp_mode != "distributed" or args.client_sampling == "fixed",
-         "`dp_mode='distributed'` splits the noise over a known cohort size S; Poisson sampling's cohort varies: "
-         "set client_sampling='fixed' (or dp_mode='central')"),
-        (not (args.secure_aggregation and args.client_sampling == "poisson"
-              and args.num_clients > SecAggCodec(args.secagg_bits, 1.0, 0).max_clients)
-         and not (args.secure_aggregation and args.clients_per_round > SecAggCodec(args.secagg_bits, 1.0, 0).max_clients),
-         f"`secagg_bits={args.secagg_bits}` lets at most {SecAggCodec(args.secagg_bits, 1.0, 0).max_clients} "
-         "clients be summed below 2^32; lower secagg_bits or the cohort (clients_per_round)"),
-        (on or (args.dp_epsilon is None and args.dp_noise_multiplier is None and args.dp_clip_norm is None
-                and args.dp_adaptive_clip_quantile is None and not args.dp_stop_at_budget),
-         "a `dp_*` setting is set but `dp_mode` is 'off': set dp_mode='central' (or 'distributed') to use it"),
     ]
     for ok, message in checks:
         if not ok:
             raise ValueError(message + ".")
+
+
+def check_privacy_budget(args) -> None:
+    """What the noise and the budget allow (after the refusal table's settings rows: the accountant needs a valid
+    pairing of sampling and accountant)."""
+    on = dp_on(args)
     if on and args.dp_adaptive_clip_quantile is not None:
         z = args.dp_noise_multiplier if args.dp_noise_multiplier is not None else None
         if z is not None:

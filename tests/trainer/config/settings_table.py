@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "trainer_settings.md"
+DOC = pathlib.Path(__file__).resolve().parents[3] / "docs" / "trainer_settings.md"
 
 HEADER = """# Trainer settings in the round loop
 

@@ -22,7 +22,7 @@ from fedhf.trainer.config.settings import HONOURED, SETTINGS
 
 from tests.helpers import config, digit_trainer, tiny_llama_lora, tiny_resnet
 
-TESTS = pathlib.Path(__file__).resolve().parents[1]
+TESTS = pathlib.Path(__file__).resolve().parents[2]
 
 # Honoured fields whose effect needs several processes (torchrun) or a logging integration not installed here;
 # each stays listed only while no test sets it (the scan below fails when one is set: then drop it from here).

@@ -20,7 +20,8 @@ from fedhf.trainer.hooks.compression import RESIDUAL, Compression
 from fedhf.trainer.hooks.base import RoundHook
 from tests.helpers import config, digit_trainer, tiny_resnet, without_timings
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "resume_run.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                      "resume_run.py")
 
 
 def _trainer(tmp_path, name, **kw):

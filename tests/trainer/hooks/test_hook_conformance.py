@@ -41,7 +41,7 @@ def examples_on_path():
     import sys
     from pathlib import Path
 
-    folder = str(Path(__file__).resolve().parents[2] / "examples")
+    folder = str(Path(__file__).resolve().parents[3] / "examples")
     sys.path.insert(0, folder)
     yield
     sys.path.remove(folder)

@@ -26,7 +26,8 @@ from fedhf.core.sums import RoundSums
 from fedhf.privacy import SecAggCodec
 from fedhf.trainer.hooks.base import ClientMessages, RoundHook
 from fedhf.trainer.hooks.privacy import NOISE_STREAM, Privacy, full_items, protected
-from fedhf.trainer.config.privacy_settings import check_privacy_fields, count_std, privacy_card_rows
+from fedhf.trainer.config.combinations import check_setting_combinations
+from fedhf.trainer.config.privacy_settings import count_std, privacy_card_rows
 from fedhf.trainer.hooks.round_features import round_hooks
 from tests.helpers import config, lora_minilm, trainable_state, tweet_trainer
 
@@ -123,7 +124,7 @@ def test_the_noise_follows_a_secret_drawn_per_run_not_the_seed_the_card_prints(t
     assert not any("reproducible" in row for row in privacy_card_rows(args, history))
     reproducible.push_to_hub = True  # (the offline suite refuses push_to_hub itself first, so checked here)
     with pytest.raises(ValueError, match="dp_reproducible_noise=True.*cannot be combined with push_to_hub"):
-        check_privacy_fields(reproducible)
+        check_setting_combinations(reproducible)
     # every process uses the main process's secret (broadcast), shares and secure aggregation's masks included
     monkeypatch.setattr(privacy_hook, "value_of_the_main_process", lambda value: 12345)
     secure = config(tmp_path, num_clients=4, clients_per_round=4, dp_mode="distributed", dp_clip_norm=1.0,

@@ -13,7 +13,8 @@ from fedhf.trainer.runners.client_parallel import shard
 from tests.helpers import config, digit_trainer, lora_minilm, tiny_resnet, tweet_trainer
 from tests.end_to_end.test_multiprocess import TORCHRUN, _run
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "client_parallel_run.py")
+TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(TESTS, "scripts", "client_parallel_run.py")
 
 
 ALGORITHMS = ["fedavg", "scaffold", "fedpac_muon"]

@@ -78,7 +78,8 @@ def test_processes_training_different_clients_agree_on_one_loss_scale_after_the_
     """torchrun without client_parallel: process 1's client overflowed (scale halved, growth count restarted),
     process 0's did not; after the round both hold the smaller scale and growth count, so the next round starts
     alike everywhere and the checkpoint's one copy (process 0's) is the run's."""
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "loss_scale_agreement_run.py")
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(tests, "scripts", "loss_scale_agreement_run.py")
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", script, str(tmp_path)], env=env,
