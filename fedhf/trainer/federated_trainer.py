@@ -40,6 +40,7 @@ from ..data import given_split, split_dataset
 from ..data.checks import check_datasets, check_evaluation_set, check_not_streaming
 from ..optim import ModelAccess, OptimizerHooks
 from ..runtime.activation_checkpointing import enable_activation_checkpointing
+from ..runtime.compiled_model import compile_resident, without_accelerate_compile
 from ..runtime.determinism import fix_thread_count
 from ..runtime.contiguous_head import feed_head_contiguously
 from ..runtime.processes import destroy_process_group_at_exit, process_world
@@ -151,6 +152,10 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         # a causal LM's head only where labels are (compute_loss, prediction_step: fedhf/trainer/labelled_positions.py)
         self.labelled_logits = projects_labelled_positions_only(self)
         feed_head_contiguously(self.model)  # a sliced head input is a slow path on CPU (runtime/contiguous_head.py)
+        compile_resident(self.model, args)  # torch_compile: once, in place, for every client (runtime/compiled_model.py)
+
+    def _build_accelerator_args(self, **kwargs) -> dict:
+        return without_accelerate_compile(super()._build_accelerator_args(**kwargs))  # compiled once, in place
 
     @property
     def model_device(self) -> torch.device:

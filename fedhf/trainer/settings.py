@@ -151,10 +151,11 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "optim": (REFUSED, "the local optimizer is the algorithm's; set `local_optimizer` (e.g. 'adamw')"),
     "label_smoothing_factor": (HONOURED, "the local loss (Trainer's compute_loss, called by every local step)"),
     "neftune_noise_alpha": (HONOURED, "noise on the input embeddings during local steps, removed after training"),
-    "torch_compile": (REFUSED, "Trainer compiles the model in its own loop, which the round loop replaces; set "
-                               "torch_compile=False"),
-    "torch_compile_backend": (REFUSED, "torch_compile is not applied; leave it unset"),
-    "torch_compile_mode": (REFUSED, "torch_compile is not applied; leave it unset"),
+    "torch_compile": (HONOURED, "the resident model is compiled once, in place (nn.Module.compile, dynamic=None as "
+                                "Trainer's); clients load values into the same tensors, so nothing recompiles per "
+                                "client or round (a new chunk size C or input shape compiles once more)"),
+    "torch_compile_backend": (HONOURED, "the backend of that compile (TrainingArguments' default: inductor)"),
+    "torch_compile_mode": (HONOURED, "the mode of that compile (e.g. 'reduce-overhead', 'max-autotune')"),
 }
 
 # Refused fields whose TrainingArguments default is what the round loop does; any other value is refused.

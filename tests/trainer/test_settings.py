@@ -48,8 +48,7 @@ BAD_VALUES = {
     "save_only_model": True, "enable_jit_checkpoint": True, "restore_callback_states_from_checkpoint": True,
     "data_seed": 3, "parallelism_config": {"tp_size": 2}, "train_sampling_strategy": "sequential",
     "fsdp": "full_shard", "fsdp_config": {"min_num_params": 1}, "deepspeed": "ds.json",
-    "lr_scheduler_type": "cosine", "optim": "adafactor", "torch_compile": True, "torch_compile_backend": "inductor",
-    "torch_compile_mode": "max-autotune",
+    "lr_scheduler_type": "cosine", "optim": "adafactor",
 }
 
 
