@@ -44,8 +44,9 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "fp16_full_eval": (HONOURED, _TRAINER_OWN + "; evaluations inside train() leave the model's dtype alone, as "
                                  "Trainer's do (is_in_train); refused on the CPU"),
     "tf32": (HONOURED, "set globally by TrainingArguments"),
-    "use_liger_kernel": (REFUSED, "Liger kernels are not applied to the resident model; leave it False"),
-    "liger_kernel_config": (REFUSED, "Liger kernels are not applied to the resident model; leave it unset"),
+    "use_liger_kernel": (HONOURED, "Liger's Triton kernels applied to the resident model when the trainer is built "
+                                   "(on a CUDA GPU; refused on the CPU, and without liger-kernel installed)"),
+    "liger_kernel_config": (HONOURED, "the keywords of that patching (rope, swiglu, rms_norm, ...), as Trainer's"),
     "use_cache": (HONOURED, "set on the model config by Trainer"),
     "torch_empty_cache_steps": (REFUSED, "not run in the round loop; leave it unset"),
     "auto_find_batch_size": (REFUSED, "set `per_device_train_batch_size` yourself"),
