@@ -24,11 +24,14 @@ Printed after the rows:
 * ``batched_ops_per_step c1=<n> c4=<n> c16=<n>``: the aten ops (torch.profiler, CPU) of one fused forward/backward
   of C clients' batches (``BatchedClients.fused_pass``); it must not grow with C. Handing each client the views of
   its gradient slices afterwards adds C x (stacked linears) metadata-only ``select``s, not counted (no kernel);
+* with ``--compile BACKEND``: every size again with ``torch_compile`` on that backend, and
+  ``compile_speedup (BACKEND) c1=..x c4=..x ...`` (the eager round over the compiled round, per size; the fastest
+  of ``--rounds``, so the first round's compile is not in it);
 * last, ``batched_speedup c2=..x c4=..x ...`` (tokens/s batched over one at a time: the same tokens, so the
   round-time ratio; from one run).
 
     python benchmarks/batched_clients.py [--model llama|minilm|gemma] [--clients 8 --local_steps 4 --batch 4
-                                         --seq 128 --sizes 1,2,4,8]
+                                         --seq 128 --sizes 1,2,4,8] [--compile inductor]
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def collator(opts, tokenizer):
     return SFTCollator(tokenizer) if opts.model == "gemma" else default_data_collator
 
 
-def config(opts, out: str, batched: int, device: str, rounds: int):
+def config(opts, out: str, batched: int, device: str, rounds: int, compile_backend: str = ""):
     from fedhf import FederatedConfig
 
     return FederatedConfig(output_dir=out, num_clients=opts.clients, clients_per_round=opts.clients,
@@ -119,10 +122,11 @@ def config(opts, out: str, batched: int, device: str, rounds: int):
                            round_lr_schedule="constant", per_device_train_batch_size=opts.batch,
                            batched_clients=batched, max_grad_norm=0.0, report_to="none", disable_tqdm=True,
                            logging_strategy="no", save_strategy="no", partition_report=False,
-                           use_cpu=device == "cpu", bf16=device == "cuda", seed=0)
+                           use_cpu=device == "cpu", bf16=device == "cuda", seed=0,
+                           torch_compile_backend=compile_backend or None)
 
 
-def run(batched: int, opts, model_dir: str, tokenizer, data, device: str) -> dict:
+def run(batched: int, opts, model_dir: str, tokenizer, data, device: str, compile_backend: str = "") -> dict:
     import torch
     from transformers import TrainerCallback
 
@@ -147,8 +151,10 @@ def run(batched: int, opts, model_dir: str, tokenizer, data, device: str) -> dic
     model = build(model_dir, tokenizer, opts.hidden, opts.layers, device, opts.model)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    if compile_backend:
+        torch._dynamo.reset()  # each compiled run starts from no cached graph (and far from the recompile limit)
     with tempfile.TemporaryDirectory() as out:
-        trainer = FederatedTrainer(model=model, args=config(opts, out, batched, device, opts.rounds),
+        trainer = FederatedTrainer(model=model, args=config(opts, out, batched, device, opts.rounds, compile_backend),
                                    train_dataset=data, data_collator=collator(opts, tokenizer),
                                    callbacks=[RoundClock()])
         local_steps = trainer.local.run
@@ -211,6 +217,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--sizes", default="1,2,4,8", help="batched_clients values (1 = one at a time)")
     parser.add_argument("--ops_sizes", default="1,4,16", help="C values of the batched_ops_per_step line ('' skips)")
+    parser.add_argument("--compile", default="", metavar="BACKEND",
+                        help="also run every size with torch_compile on this backend (e.g. inductor): compile_speedup")
     opts = parser.parse_args()
 
     import torch
@@ -240,6 +248,12 @@ def main() -> None:
                     else f"{opts.clients * opts.local_steps * opts.batch * opts.seq / r['seconds']:9.1f} tokens/s")
             print(f"batched_clients={size:2d}  round {r['seconds']:7.2f} s  {rate}  "
                   f"peak {r['peak_MB']:8.1f} MB  max |adapter - one-at-a-time| {gap:.2e}", flush=True)
+        compiled = {}
+        for size in sizes if opts.compile else ():
+            compiled[size] = r = run(size, opts, model_dir, tokenizer, data, device, opts.compile)
+            gap = max(float((r["adapter"][n] - results[size]["adapter"][n]).abs().max()) for n in r["adapter"])
+            print(f"batched_clients={size:2d} compiled ({opts.compile})  round {r['seconds']:7.2f} s  "
+                  f"max |adapter - eager| {gap:.2e}", flush=True)
         ops = {c: fused_pass_ops(c, opts, model_dir, tokenizer, data, device) for c in ops_sizes}
     name = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
     shape = {"llama": f"hidden={opts.hidden} layers={opts.layers}", "minilm": "model=MiniLM-L6 LoRA + head",
@@ -248,6 +262,9 @@ def main() -> None:
           f"clients={opts.clients} local_steps={opts.local_steps} batch={opts.batch} "
           + (f"seq={opts.seq} " if opts.model != "gemma" else "") + shape + f" best of {opts.rounds} rounds")
     print("round_overhead " + " ".join(f"c{s}={100 * results[s]['overhead']:.1f}%" for s in sizes))
+    if compiled:
+        print(f"compile_speedup ({opts.compile}) " + " ".join(
+            f"c{s}={results[s]['seconds'] / compiled[s]['seconds']:.2f}x" for s in sizes))
     if ops:
         print("batched_ops_per_step " + " ".join(f"c{c}={n}" for c, n in ops.items()))
     print("batched_speedup " + " ".join(f"c{s}={results[1]['seconds'] / results[s]['seconds']:.2f}x"

@@ -92,6 +92,13 @@ class OptimizerHooks:
     def end_round(self) -> None:
         """Called after the last local step, before Theta is exported (FOOF refreshes its statistics here)."""
 
+    def step_parts(self) -> Iterator:
+        """``step()`` as parts: a generator that yields its Newton-Schulz requests and is sent their answers
+        (fedhf/optim/newton_schulz_pool.py), so the clients of a batched chunk orthogonalise in one batched call.
+        By default the whole step, with no request."""
+        self.step()
+        yield from ()
+
 
 class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
     """Base of fedhf's own optimizers. Subclasses set ``theta_keys`` (per-parameter state keys forming Theta) or

@@ -45,6 +45,7 @@ import torch
 from .base import FederatedOptimizer, TensorDict, split_theta_key, theta_key
 from .muon_batched import BatchedMuon
 from .muon_exact import MOMENTUM_FORMS, ORTHOGONALISATIONS, ExactMuon
+from .newton_schulz_pool import muon_step_parts
 from .state_size import adamw_bytes, copies
 
 ROUTINGS = ("ndim>=2", "hidden_only")
@@ -143,12 +144,28 @@ class MuonAdamW(FederatedOptimizer):
         return [o for o in (self.muon, self.adamw) if o is not None]
 
     def update(self) -> None:
-        for matrix, p in self._views:  # a conv filter's gradient, seen as its matrix view
-            matrix.grad = None if p.grad is None else p.grad.reshape(matrix.shape)
+        self._view_grads()
         for optimizer in self.inner:
             optimizer.step()
-        for matrix, _ in self._views:
-            matrix.grad = None
+        self._view_grads(clear=True)
+
+    def step_parts(self):
+        """The step with Muon's Newton-Schulz iterations requested from the caller (batched clients run every
+        client's at once: fedhf/optim/newton_schulz_pool.py) where they are BatchedMuon's (``newton_schulz``
+        "batched" or "gram"); torch.optim.Muon and ExactMuon step whole (the pool's docstring says why)."""
+        if not isinstance(self.muon, BatchedMuon):
+            self.step()
+            return
+        self._view_grads()
+        yield from muon_step_parts(self.muon)
+        if self.adamw is not None:
+            self.adamw.step()
+        self._view_grads(clear=True)
+
+    def _view_grads(self, clear: bool = False) -> None:
+        """A conv filter's gradient seen as its matrix view for the step (``clear``: released after it)."""
+        for matrix, p in self._views:
+            matrix.grad = None if clear or p.grad is None else p.grad.reshape(matrix.shape)
 
     def state_dict(self) -> dict:
         return {"muon": self.muon.state_dict() if self.muon else None,

@@ -36,8 +36,7 @@ float32 rounding (closer to the exact iteration than torch's bfloat16 one).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 
@@ -134,36 +133,11 @@ class BatchedMuon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        from .newton_schulz_pool import muon_step_parts, run_alone  # (the pool iterates with this module's math)
+
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            mu, lr = group["momentum"], group["lr"]
-            grads = [p.grad for p in params]
-            bufs = []
-            for p, g in zip(params, grads):
-                state = self.state[p]
-                if "momentum_buffer" not in state:  # created only when absent: an imported Theta survives
-                    state["momentum_buffer"] = torch.zeros_like(g, memory_format=torch.preserve_format)
-                bufs.append(state["momentum_buffer"])
-            torch._foreach_lerp_(bufs, grads, 1 - mu)
-            updates = [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
-            by_shape: Dict[Tuple[int, int, torch.dtype, torch.device], List[int]] = defaultdict(list)
-            for i, u in enumerate(updates):
-                by_shape[(*oriented_shape(u.shape), u.dtype, u.device)].append(i)
-            orthos: List[torch.Tensor] = [None] * len(params)  # type: ignore[list-item]
-            for indices in by_shape.values():
-                matmul = group["matmul"] or default_matmul(updates[indices[0]].device)
-                stack = [updates[i] for i in indices]
-                orthos_of_shape = batched_newton_schulz(stack, group["ns_steps"], group["eps"], matmul,
-                                                        group["iteration"])
-                for i, o in zip(indices, orthos_of_shape):
-                    orthos[i] = o
-            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-            for p, o in zip(params, orthos):
-                p.add_(o, alpha=-lr * self._lr_scale(p.shape, group["adjust_lr_fn"]))
+        run_alone(muon_step_parts(self))
         return loss

@@ -40,6 +40,8 @@ from ..data import given_split, split_dataset
 from ..data.checks import check_datasets, check_evaluation_set, check_not_streaming
 from ..optim import ModelAccess, OptimizerHooks
 from ..runtime.activation_checkpointing import enable_activation_checkpointing
+from ..runtime.compiled_model import compile_resident, without_accelerate_compile
+from ..runtime.liger import apply_liger, check_liger
 from ..runtime.determinism import fix_thread_count
 from ..runtime.contiguous_head import feed_head_contiguously
 from ..runtime.processes import destroy_process_group_at_exit, process_world
@@ -100,6 +102,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         # by name or by position (Trainer's order: data_collator, train_dataset); Trainer's own error names max_steps
         train_dataset = trainer_kwargs.get("train_dataset", trainer_args[1] if len(trainer_args) > 1 else None)
         check_not_streaming(train_dataset, "train_dataset")
+        check_liger(args)  # use_liger_kernel: a CUDA GPU and liger-kernel, or refused here (runtime/liger.py)
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         if (args.fp16_full_eval or args.bf16_full_eval) and not self.is_model_parallel and self.model_init is None:
             # Trainer leaves the model off the device for a full-precision-eval cast and moves it when train()
@@ -154,6 +157,11 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         # a causal LM's head only where labels are (compute_loss, prediction_step: fedhf/trainer/runners/labelled_positions.py)
         self.labelled_logits = projects_labelled_positions_only(self)
         feed_head_contiguously(self.model)  # a sliced head input is a slow path on CPU (runtime/contiguous_head.py)
+        apply_liger(self.model, args)  # use_liger_kernel: Liger's Triton kernels patched in, once
+        compile_resident(self.model, args)  # torch_compile: once, in place, for every client (runtime/compiled_model.py)
+
+    def _build_accelerator_args(self, **kwargs) -> dict:
+        return without_accelerate_compile(super()._build_accelerator_args(**kwargs))  # compiled once, in place
 
     @property
     def model_device(self) -> torch.device:

@@ -1,5 +1,5 @@
 """The LLM Trainer settings: neftune_noise_alpha and label_smoothing_factor honoured in the round loop;
-torch_compile, group_by_length (train_sampling_strategy), optim and lr_scheduler_type refused with the fix named."""
+group_by_length (train_sampling_strategy), optim and lr_scheduler_type refused with the fix named."""
 
 import pytest
 import torch
@@ -52,7 +52,6 @@ def test_label_smoothing_is_the_local_loss(tokenizer, sft, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"torch_compile": True}, "`torch_compile`=True is not supported.*torch_compile=False"),
     ({"train_sampling_strategy": "group_by_length"}, "`train_sampling_strategy`='group_by_length'.*leave it 'random'"),
     ({"optim": "adafactor"}, "`optim`=.*adafactor.* is not supported.*local_optimizer"),
     ({"lr_scheduler_type": "cosine"}, "`lr_scheduler_type`=.*cosine.* is not supported.*round_lr_schedule"),

@@ -44,8 +44,9 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "fp16_full_eval": (HONOURED, _TRAINER_OWN + "; evaluations inside train() leave the model's dtype alone, as "
                                  "Trainer's do (is_in_train); refused on the CPU"),
     "tf32": (HONOURED, "set globally by TrainingArguments"),
-    "use_liger_kernel": (REFUSED, "Liger kernels are not applied to the resident model; leave it False"),
-    "liger_kernel_config": (REFUSED, "Liger kernels are not applied to the resident model; leave it unset"),
+    "use_liger_kernel": (HONOURED, "Liger's Triton kernels applied to the resident model when the trainer is built "
+                                   "(on a CUDA GPU; refused on the CPU, and without liger-kernel installed)"),
+    "liger_kernel_config": (HONOURED, "the keywords of that patching (rope, swiglu, rms_norm, ...), as Trainer's"),
     "use_cache": (HONOURED, "set on the model config by Trainer"),
     "torch_empty_cache_steps": (REFUSED, "not run in the round loop; leave it unset"),
     "auto_find_batch_size": (REFUSED, "set `per_device_train_batch_size` yourself"),
@@ -155,10 +156,11 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "optim": (REFUSED, "the local optimizer is the algorithm's; set `local_optimizer` (e.g. 'adamw')"),
     "label_smoothing_factor": (HONOURED, "the local loss (Trainer's compute_loss, called by every local step)"),
     "neftune_noise_alpha": (HONOURED, "noise on the input embeddings during local steps, removed after training"),
-    "torch_compile": (REFUSED, "Trainer compiles the model in its own loop, which the round loop replaces; set "
-                               "torch_compile=False"),
-    "torch_compile_backend": (REFUSED, "torch_compile is not applied; leave it unset"),
-    "torch_compile_mode": (REFUSED, "torch_compile is not applied; leave it unset"),
+    "torch_compile": (HONOURED, "the resident model is compiled once, in place (nn.Module.compile, dynamic=None as "
+                                "Trainer's); clients load values into the same tensors, so nothing recompiles per "
+                                "client or round (a new chunk size C or input shape compiles once more)"),
+    "torch_compile_backend": (HONOURED, "the backend of that compile (TrainingArguments' default: inductor)"),
+    "torch_compile_mode": (HONOURED, "the mode of that compile (e.g. 'reduce-overhead', 'max-autotune')"),
 }
 
 # Refused fields whose TrainingArguments default is what the round loop does; any other value is refused.

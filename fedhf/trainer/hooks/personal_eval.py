@@ -99,13 +99,13 @@ class PersonalEvaluation(RoundHook):
 def personal_evaluation(trainer, run) -> Dict[str, float]:
     """The summary over clients. With ``lora_client_ranks`` a client's model is the global adapter cut to its rank
     (fedhf/sharing/client_ranks.py), as it trains."""
-    per_client: Dict[int, Dict[str, float]] = {}
-    skipped, plan = 0, trainer.plan
+    plan, partitions = trainer.plan, trainer.client_eval_partitions
+    rows_of = {client: rows for client, rows in enumerate(partitions) if len(rows)}
+    skipped = len(partitions) - len(rows_of)
     with _SavedRandomState():
-        for client, rows in enumerate(trainer.client_eval_partitions):
-            if len(rows) == 0:
-                skipped += 1
-                continue
+        together = trainer.runner.evaluate_clients(rows_of)  # batched clients: C clients per stacked pass
+        per_client: Dict[int, Dict[str, float]] = {} if together is None else together
+        for client, rows in rows_of.items() if together is None else ():
             plan.load_personal(trainer.client_store, client, run.personal_init)
             plan.begin_client(client)
             try:
@@ -120,11 +120,16 @@ def personal_evaluation(trainer, run) -> Dict[str, float]:
 def evaluate_rows(trainer, rows) -> Dict[str, float]:
     """Trainer's evaluation loop (its batching, autocast and compute_metrics) over some training rows; no
     callbacks' on_evaluate and no log, which are the global evaluation's."""
-    rows = [int(i) for i in rows]
-    data = trainer.train_dataset
-    subset = data.select(rows) if isinstance(data, datasets.Dataset) else Subset(data, rows)
-    output = trainer.evaluation_loop(trainer.get_test_dataloader(subset), description="Personalised evaluation",
+    output = trainer.evaluation_loop(trainer.get_test_dataloader(held_out_rows(trainer, rows)),
+                                     description="Personalised evaluation",
                                      prediction_loss_only=True if trainer.compute_metrics is None else None,
                                      metric_key_prefix="eval")
     return {k[len("eval_"):]: float(v) for k, v in output.metrics.items()
             if not any(k.endswith(n) for n in _NOT_METRICS)}
+
+
+def held_out_rows(trainer, rows):
+    """The rows ``rows`` of the training set (a client's held-out ones)."""
+    rows = [int(i) for i in rows]
+    data = trainer.train_dataset
+    return data.select(rows) if isinstance(data, datasets.Dataset) else Subset(data, rows)

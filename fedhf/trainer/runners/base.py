@@ -15,7 +15,7 @@ they differ only in which clients share a backward and how it is computed.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from tqdm.auto import tqdm
 
@@ -61,6 +61,11 @@ class Runner:
 
     def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
         raise NotImplementedError
+
+    def evaluate_clients(self, rows_of: Dict[int, Sequence[int]]) -> Optional[Dict[int, Dict[str, float]]]:
+        """Personalised evaluation's metrics of these clients (client -> held-out rows) computed together, or
+        None: one client at a time (fedhf/trainer/hooks/personal_eval.py)."""
+        return None
 
 
 class SequentialClients(Runner):

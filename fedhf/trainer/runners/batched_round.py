@@ -8,6 +8,9 @@ Only the forward/backward is shared: one pass over the C clients' concatenated m
 sum of each client's own mean (over its label tokens or rows across the step's micro-batches, as
 :meth:`fedhf.trainer.runners.local_steps.LocalSteps.accumulate` weighs them), so each client's copy of the adapter receives exactly its own
 gradient. The global model equals sequential training up to float rounding (the base runs on a larger batch).
+The clients' optimizer steps run together where they can share work: BatchedMuon's Newton-Schulz iterations of all
+the chunk's clients in one batched call (fedhf/optim/newton_schulz_pool.py). Personalised evaluation runs C
+clients' held-out rows per stacked forward (:meth:`BatchedClients.evaluate_clients`).
 
 What cannot be shared is refused when the trainer is built (fedhf/trainer/config/combinations.py), with the fix named.
 Dropout draws its masks for the concatenated batch (same distribution, another random stream than sequential
@@ -16,7 +19,7 @@ clients), so bit-equality with sequential training needs a model without active 
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,6 +30,7 @@ from ...core.context import ClientContext
 from ...runtime.labelled_logits import at_labelled_positions, row_losses_at
 from ...runtime.model_outputs import logits_of, loss_items
 from ...optim import ModelAccess
+from ..hooks.personal_eval import held_out_rows
 from .base import Runner
 
 
@@ -47,11 +51,12 @@ class BatchedClients(Runner):
     def __init__(self, trainer) -> None:
         super().__init__(trainer)
         self.size = trainer.args.batched_clients
+        self.stacks = {}  # the stacked modules by number of copies, built once and reloaded per chunk
 
     def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
         """No personal tensors here (refused): nothing per client to load."""
         trainer = self.trainer
-        with stacked_clients(trainer.model, len(contexts)) as stack:
+        with stacked_clients(trainer.model, len(contexts), self.stacks) as stack:
             routing = stack.routing
             optimizers, random_states = [], []
             for c, (ctx, params) in enumerate(zip(contexts, stack.views)):
@@ -104,8 +109,16 @@ class BatchedClients(Runner):
         returns each client's loss (its summed loss over ``items``, its label tokens or rows), detached, (C,).
         Its aten ops do not grow with C (benchmarks/batched_clients.py counts them): one batched matmul per
         stacked linear, fixed-size gathers, one index_add for the per-client sums, no read of the device."""
+        summed = self.client_losses(batch, stack.routing)
+        client_loss = summed / to_device(items, summed.device)
+        self.trainer.accelerator.backward(client_loss.sum())
+        return client_loss.detach().double()
+
+    def client_losses(self, batch: dict, routing: Routing) -> torch.Tensor:
+        """Each client's loss summed over its rows of the concatenated (host) ``batch`` (fp32, (C,)): one forward,
+        the head at the labelled positions when the trainer projects only those (chosen on the host)."""
         trainer = self.trainer
-        if trainer.labelled_logits:  # the head where labels are: positions chosen on the host batch
+        if trainer.labelled_logits:
             batch = at_labelled_positions(batch)
         inputs = trainer._prepare_inputs(batch)
         labels, shift_labels = inputs.pop("labels"), inputs.pop("shift_labels", None)
@@ -113,6 +126,52 @@ class BatchedClients(Runner):
             logits = logits_of(trainer.model(**inputs))
         losses = (row_losses(logits, labels, trainer._loss_shifts_labels) if shift_labels is None
                   else row_losses_at(logits, shift_labels))
-        client_loss = per_client(losses, stack.routing) / to_device(items, logits.device)
-        trainer.accelerator.backward(client_loss.sum())
-        return client_loss.detach().double()
+        return per_client(losses, routing)
+
+    def evaluate_clients(self, rows_of: Dict[int, Sequence[int]]) -> Optional[Dict[int, Dict[str, float]]]:
+        """Personalised evaluation (fedhf/trainer/hooks/personal_eval.py) of C clients at a time: each client's held-out
+        rows, batched as Trainer's evaluation loop batches them (its test DataLoader), run through the client's own
+        copy of the adapters, the C clients' batches in one stacked forward per step (a client whose rows ran out
+        gets an empty block). Its ``loss``: the mean over its rows of its batches' mean losses, as Trainer's loop
+        averages. Every copy holds the global adapter, which is each client's own model here: batched clients
+        keep no personal tensors (refused). None with ``compute_metrics``, which needs each client's predictions:
+        then the clients are evaluated one at a time."""
+        trainer = self.trainer
+        if trainer.compute_metrics is not None:
+            return None
+        clients, metrics, training = list(rows_of), {}, trainer.model.training
+        shifted, pad_id = trainer._loss_shifts_labels, model_pad_id(trainer.model)
+        trainer.model.eval()
+        try:
+            for start in range(0, len(clients), self.size):
+                chunk = clients[start:start + self.size]
+                loaders = [iter(trainer.get_test_dataloader(held_out_rows(trainer, rows_of[c]))) for c in chunk]
+                totals = 0.0
+                with stacked_clients(trainer.model, len(chunk), self.stacks) as stack, torch.no_grad():
+                    while True:
+                        batches = [next(loader, None) for loader in loaders]
+                        present = [b for b in batches if b is not None]
+                        if not present:
+                            break
+                        batch, _ = concat_batches(present, pad_id)
+                        rows = [0 if b is None else len(next(v for v in b.values() if torch.is_tensor(v)))
+                                for b in batches]
+                        items = torch.tensor([max(loss_items(b, shifted), 1) if b is not None else 1
+                                              for b in batches], dtype=torch.float64)
+                        stack.routing.route(row_blocks(rows))
+                        summed = self.client_losses(batch, stack.routing).double()
+                        weights = torch.tensor(rows, dtype=torch.float64) / items  # n_b x (batch mean)
+                        totals = totals + summed * to_device(weights, summed.device)
+                for c, total in zip(chunk, totals.tolist()):
+                    metrics[c] = {"loss": total / len(rows_of[c])}
+        finally:
+            trainer.model.train(training)
+        return metrics
+
+
+def row_blocks(rows: Sequence[int]) -> List[Tuple[int, int]]:
+    """Client-major segments of ``rows[c]`` rows each (0: an empty block)."""
+    starts = [0]
+    for n in rows:
+        starts.append(starts[-1] + n)
+    return list(zip(starts[:-1], starts[1:]))

@@ -22,6 +22,7 @@ from ...core.params import TensorDict, difference, snapshot
 from ...core.schedule import stream_seed
 from ...core.sums import RoundSums
 from ...optim import ModelAccess, OptimizerHooks
+from ...optim.newton_schulz_pool import StepsTogether
 from ...optim.whole_matrices import over_shards
 from ...runtime.labelled_logits import at_labelled_positions
 from ...runtime.model_outputs import loss_items
@@ -91,28 +92,41 @@ class LocalSteps:
             before_forward(step, optimizers, micro)
             for c, loss in enumerate(backward(micro)):
                 totals[c] = totals[c] + loss
-            for ctx, optimizer in zip(contexts, optimizers):
-                self.optimizer_step(ctx, optimizer)  # ends with the client's zero_grad
+            self.optimizer_steps(contexts, optimizers)  # ends with each client's zero_grad
             trainer.loss_scale.update()  # fp16: one scale update per step, for every client of the step
         for optimizer in optimizers:
             optimizer.end_round()
         return totals
 
-    def optimizer_step(self, ctx: ClientContext, optimizer: OptimizerHooks) -> None:
-        """Clip the gradient, then the correction's hooks around the optimizer's step (see fedhf.corrections); under
-        fp16 on unscaled gradients, and skipped when one overflowed (fedhf/trainer/runners/loss_scaling.py)."""
-        trained = self.trainer.plan.trained(ctx.params).values()
-        self.trainer.loss_scale.step(trained, lambda: self._clipped_step(ctx, optimizer, trained))
-        optimizer.zero_grad(set_to_none=True)
+    def optimizer_steps(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks]) -> None:
+        """Each client's step: clip its gradient, then the correction's hooks around its optimizer's step (see
+        fedhf.corrections); under fp16 on unscaled gradients, skipped when one overflowed
+        (fedhf/trainer/runners/loss_scaling.py); then its zero_grad. The clients of a batched chunk step together: each
+        runs up to its Newton-Schulz iterations (Muon), which then run as one batched call for all of them
+        (fedhf/optim/newton_schulz_pool.py), and each finishes. A client alone steps whole (its optimizer's own
+        ``step``). Each client's step touches only its own tensors and state, so the order is free."""
+        together, alone = StepsTogether(), len(contexts) == 1
+        for ctx, optimizer in zip(contexts, optimizers):
+            trained = list(self.trainer.plan.trained(ctx.params).values())
+            parts = self._clipped_step(ctx, optimizer, trained, alone)
+            self.trainer.loss_scale.step(trained, lambda parts=parts: together.start(parts))
+        together.finish()
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
 
-    def _clipped_step(self, ctx: ClientContext, optimizer: OptimizerHooks, trained) -> None:
+    def _clipped_step(self, ctx: ClientContext, optimizer: OptimizerHooks, trained, alone: bool):
+        """The client's step as parts (a generator): clip, correction, the optimizer (whole when ``alone``, else
+        its :meth:`~fedhf.optim.OptimizerHooks.step_parts`), correction."""
         trainer = self.trainer
         max_norm = trainer.args.max_grad_norm
         if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
             trainer.shards.clip_grad_norm_(trained, max_norm)  # sharded: the whole gradient's norm
         correction_round = self.correction_rounds[ctx.client_id]
         trainer.algorithm.correction.before_step(ctx, correction_round)
-        optimizer.step()
+        if alone:
+            optimizer.step()
+        else:
+            yield from optimizer.step_parts()
         trainer.algorithm.correction.after_step(ctx, correction_round)
         trainer.plan.after_step(ctx.client_id)  # lora_client_ranks: nothing revives the components beyond r_i
 

@@ -43,13 +43,12 @@ def test_docs_trainer_settings_is_generated_from_the_table():
 BAD_VALUES = {
     "num_train_epochs": 5, "max_steps": 100, "lr_scheduler_kwargs": {"num_cycles": 2}, "warmup_steps": 10,
     "optim_args": "momentum=0.9", "adam_beta1": 0.8, "adam_beta2": 0.99, "adam_epsilon": 1e-6,
-    "optim_target_modules": ["attn"], "use_liger_kernel": True, "liger_kernel_config": {"rope": True},
+    "optim_target_modules": ["attn"],
     "torch_empty_cache_steps": 5, "auto_find_batch_size": True, "include_num_input_tokens_seen": "all",
     "save_only_model": True, "enable_jit_checkpoint": True, "restore_callback_states_from_checkpoint": True,
     "data_seed": 3, "parallelism_config": {"tp_size": 2}, "train_sampling_strategy": "sequential",
     "deepspeed": "ds.json",
-    "lr_scheduler_type": "cosine", "optim": "adafactor", "torch_compile": True, "torch_compile_backend": "inductor",
-    "torch_compile_mode": "max-autotune",
+    "lr_scheduler_type": "cosine", "optim": "adafactor",
 }
 
 

@@ -65,6 +65,53 @@ def test_causal_lm_clients_together_equal_clients_one_by_one(tmp_path, tokenizer
     assert any(not torch.allclose(start[n], sequential[0][n]) for n in start)  # the adapter did train
 
 
+def test_muon_clients_of_a_chunk_orthogonalise_in_one_batched_call(tmp_path, tokenizer, sft, monkeypatch):
+    """Local Muon with BatchedMuon's iterations (newton_schulz="batched"; "gram" steps the same way): batched, every step's Newton-Schulz iterations of a chunk run as
+    one batched call over all its clients' matrices -- 8 LoRA factors per client (q/v, A and B, 2 layers), all of
+    the oriented shape 4 x 64 -- and the run equals clients one by one."""
+    from fedhf.optim import newton_schulz_pool
+
+    stacked, iterate = [], newton_schulz_pool.batched_newton_schulz
+    monkeypatch.setattr(newton_schulz_pool, "batched_newton_schulz",
+                        lambda updates, *args: stacked.append(len(updates)) or iterate(updates, *args))
+    settings = dict(algorithm="local_muon", learning_rate=1e-3, local_optimizer_kwargs={"newton_schulz": "batched"})
+    sequential = _llm_run(tmp_path, tokenizer, sft, 1, **settings)
+    assert stacked == [8] * (2 * 5 * 3)  # alone: one call per step for its own 8 factors
+    stacked.clear()
+    together = _llm_run(tmp_path, tokenizer, sft, 3, **settings)
+    assert stacked == ([3 * 8] * 3 + [2 * 8] * 3) * 2  # per round: 3 steps of a chunk of 3, then of a chunk of 2
+    _assert_same_run(sequential, together)
+
+
+def test_personal_evaluation_runs_a_chunks_clients_through_their_copies_in_one_forward(tmp_path, tokenizer, sft):
+    """personalized_eval with batched clients: each step of the evaluation carries the held-out rows of a chunk's
+    clients in one stacked forward, and each client's loss is what Trainer's evaluation loop gives over its rows
+    alone (the one-at-a-time path), also for a client whose rows run out first (an empty block) and beside a
+    client without rows (skipped)."""
+    from fedhf.trainer.hooks.personal_eval import evaluate_rows
+
+    model, forwards = tiny_llama_lora(len(tokenizer)), []
+    model.base_model.model.model.register_forward_hook(
+        lambda module, args, kwargs, output: forwards.append(len(kwargs["input_ids"])), with_kwargs=True)
+    args = config(tmp_path, algorithm="fedavg", num_clients=6, clients_per_round=5, num_rounds=1, local_steps=1,
+                  per_device_train_batch_size=4, partition="iid", learning_rate=0.05, batched_clients=3,
+                  partition_report=False, personalized_eval=True, client_eval_fraction=0.2,
+                  per_device_eval_batch_size=2)
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=sft["train"], data_collator=SFTCollator(tokenizer))
+    held_out = trainer.client_eval_partitions
+    assert all(len(rows) == 3 for rows in held_out)
+    held_out[1], held_out[4] = held_out[1][:1], held_out[4][:0]  # 1 row (one batch, then empty); none (skipped)
+    trainer.train()
+    # training: chunks of 3 and 2 clients (2 forwards); evaluation: clients 0-2 (3 rows in 2 batches; client 1: 1
+    # row), then clients 3, 5 (3 rows each): 2 forwards per chunk
+    assert forwards[2:] == [2 + 1 + 2, 1 + 0 + 1, 2 + 2, 1 + 1]
+    entry = trainer.federated_history[-1]
+    assert entry["personal_eval_clients"] == 5 and entry["personal_eval_skipped"] == 1
+    for client, metrics in trainer.personal_eval_per_client.items():
+        alone = evaluate_rows(trainer, held_out[client])  # the global model is each client's own
+        assert metrics["loss"] == pytest.approx(alone["loss"], rel=1e-6)
+
+
 def test_the_clients_really_share_each_forward(tmp_path, tokenizer, sft):
     """2 rounds x 3 steps: one at a time, 5 clients make 30 passes of <= 4 rows; together, chunks of 3 and 2
     make 12 passes carrying the same 5 clients' rows."""
