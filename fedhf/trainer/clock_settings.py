@@ -77,6 +77,16 @@ def sampled_per_round(args) -> int:
     return args.clients_per_round
 
 
+def deadline_target(args) -> int:
+    """The most reports a deadline round keeps: clients_per_round, the first to arrive. Under DP with Poisson
+    sampling every report within the deadline is kept instead: with a cap, one client's presence could push another
+    client's report out, so the sum would move by up to 2C under add-or-remove-one, twice the sensitivity the
+    accountant's Poisson event assumes (docs/privacy.md, "Dropped clients")."""
+    if args.dp_mode != "off" and args.client_sampling == "poisson":
+        return args.num_clients
+    return args.clients_per_round
+
+
 def concurrency(args) -> int:
     """fedbuff's clients training at once."""
     default = 2 * args.clients_per_round
@@ -86,8 +96,6 @@ def concurrency(args) -> int:
 def check_clock_fields(args) -> None:
     """Each clock field's value, and the combinations that cannot work, with the fix named."""
     on, profile = clock_on(args), args.clock_profile
-    drops = on and (args.round_policy != "wait_all" or args.clock_availability < 1
-                    or (profile not in PROFILES and profile is not None))
     buffered = on and args.round_policy == "fedbuff"
     checks = [
         (on or (args.round_policy == "wait_all" and args.round_deadline_s is None and args.over_selection == 0
@@ -110,26 +118,22 @@ def check_clock_fields(args) -> None:
         (args.async_concurrency is None or (buffered and args.async_concurrency >= args.clients_per_round),
          "`async_concurrency` applies to round_policy='fedbuff' and must be >= clients_per_round (the reports the "
          "server waits for)"),
-        (not (args.over_selection > 0 and args.dp_mode != "off"),
-         "`over_selection` samples more clients than clients_per_round, but the DP accountant's sampling rate is "
-         "clients_per_round / num_clients: set over_selection=0 under dp_mode"),
-        (not (buffered and (args.dp_mode != "off" or args.secure_aggregation)),
-         "round_policy='fedbuff' sums reports that started from different global models; the DP accountant and the "
-         "secure aggregation's cohort assume one synchronous round: use round_policy='wait_all' or 'deadline'"),
+        # FedBuff has no cohort: which clients enter an update follows their devices and the refill order, not a
+        # uniform sample, so no subsampled event accounts it (one unamplified Gaussian per update, composed over
+        # every update a client may report in, would: not written); the buffer of K reports is formed by arrival
+        # order, which no client knows when it masks, so pairwise masks cannot be agreed (deployments sum the buffer in a
+        # trusted execution environment instead: Huba et al., "Papaya", MLSys 2022).
+        (not (buffered and args.dp_mode != "off"),
+         "round_policy='fedbuff' has no sampled cohort: the clients in a server update are chosen by their devices "
+         "and the refill order, not by the uniform sampling the DP accountant's subsampled event assumes: use "
+         "round_policy='deadline' (over-selection with a reporting deadline) or 'wait_all' under dp_mode"),
+        (not (buffered and args.secure_aggregation),
+         "round_policy='fedbuff' sums the first clients_per_round reports to arrive, which no client knows when it "
+         "masks, so secure aggregation's pairwise masks cannot be agreed among them: use round_policy='deadline' "
+         "(dropped clients' masks are removed by secure aggregation's recovery) or 'wait_all'"),
         (not (buffered and args.downlink_compression != "none"),
          "round_policy='fedbuff' sends each client the model of its own moment, but a compressed downlink assumes "
          "every client holds the server's last broadcast: set downlink_compression='none'"),
-        # Dropping clients independently of their data only thins Poisson sampling (each client's inclusion
-        # probability stays <= q, so the accountant's q is conservative); fixed-size sampling's replace-one analysis
-        # and distributed noise shares assume the whole cohort reports.
-        (not (drops and args.dp_mode == "central" and args.client_sampling != "poisson"),
-         "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) change fixed-size "
-         "sampling's cohort, which the DP accountant assumes: set client_sampling='poisson' (dropping then only "
-         "lowers each client's inclusion probability below the accounted q)"),
-        (not (drops and (args.dp_mode == "distributed" or args.secure_aggregation)),
-         "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) are not part of the "
-         "simulated secure aggregation's cohort and would leave distributed noise short: use dp_mode='central' "
-         "without secure_aggregation, or round_policy='wait_all' with clock_availability=1"),
     ]
     for ok, message in checks:
         if not ok:
