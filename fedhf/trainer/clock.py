@@ -98,7 +98,8 @@ class VirtualClock(RoundHook):
         args, r = self.args, run.rounds_done
         online = available_clients(args.seed, r, clients, self.profiles)
         self.offline = len(clients) - len(online)
-        run.started = list(online)  # the late ones drop after they began: secure aggregation's recovery removes them
+        offline = set(clients) - set(online)  # never began; the late ones drop after they began (the recovery's)
+        run.started = [c for c in run.started if c not in offline]
         finish = {c: self._finish_time(c) for c in online}
         if args.round_policy == "deadline":
             self.timing = deadline_round(finish, args.round_deadline_s, deadline_target(args))

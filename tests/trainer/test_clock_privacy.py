@@ -17,6 +17,7 @@ from datasets import Dataset
 
 from fedhf import FederatedConfig, RoundHook
 from fedhf.privacy import PrivacyAccountant, calibrate_noise, clip_jointly
+from fedhf.simulation import available_clients
 from fedhf.trainer.clock import VirtualClock
 from fedhf.trainer.privacy import Privacy, full_items, protected
 from fedhf.trainer.privacy_settings import dp_delta, privacy_card_rows
@@ -151,10 +152,24 @@ def test_a_poisson_deadline_under_dp_keeps_every_report_in_time(tmp_path):
         trainer = types.SimpleNamespace(args=args, train_dataset=Dataset.from_dict({"label": list(range(5))}),
                                         client_partitions=[[c] for c in range(5)],
                                         plan=types.SimpleNamespace(params={"w": torch.zeros(10)}))
-        run = types.SimpleNamespace(rounds_done=0, started=[])
+        run = types.SimpleNamespace(rounds_done=0, started=[0, 1, 2, 3, 4])
         kept[sampling] = VirtualClock(trainer).select_clients(trainer, run, [0, 1, 2, 3, 4])
         assert run.started == [0, 1, 2, 3, 4]  # every client began; the late ones then dropped
     assert kept == {"poisson": [0, 1, 2], "fixed": [0, 1]}
+
+
+def test_offline_clients_never_began_but_a_client_dropped_by_a_hook_did(tmp_path):
+    """``run.started`` (the mask partners) loses the clients the clock finds offline, which never began the round;
+    a client an earlier hook took out of the selection stays in it, and its masks are removed by the recovery."""
+    args = config(tmp_path, num_clients=5, clients_per_round=5, clock_profile="uniform", clock_availability=0.5)
+    trainer = types.SimpleNamespace(args=args, train_dataset=Dataset.from_dict({"label": list(range(5))}),
+                                    client_partitions=[[c] for c in range(5)],
+                                    plan=types.SimpleNamespace(params={"w": torch.zeros(10)}))
+    clock = VirtualClock(trainer)
+    online = available_clients(args.seed, 0, [0, 1, 2, 3], clock.profiles)
+    assert 0 < len(online) < 4  # seed 0's round 1 has clients offline
+    run = types.SimpleNamespace(rounds_done=0, started=[0, 1, 2, 3, 4])  # a user hook dropped client 4
+    assert clock.select_clients(trainer, run, [0, 1, 2, 3]) == online and run.started == online + [4]
 
 
 @pytest.mark.parametrize("settings, message", [
