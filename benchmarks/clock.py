@@ -77,9 +77,9 @@ def last_eval(record: dict, until: float = float("inf"), metric: str = "eval_acc
 
 def report(records: dict, args, variants: dict = VARIANTS, metric: str = "eval_accuracy", stem: str = "clock",
            title: str = "Round policies on log-normal devices (one line per seed)",
-           ylabel: str = "eval accuracy (200 held-out tweets)") -> str:
+           ylabel: str = "eval accuracy (200 held-out tweets)", notes: str = "") -> str:
     """The table (``<stem>_result.md``/``.json``), the plot (``<stem>_accuracy_vs_time.png``) and the summary line
-    of ``records`` ({variant: [record per seed]}), scored by ``metric``."""
+    of ``records`` ({variant: [record per seed]}), scored by ``metric``; ``notes`` follow the table."""
     last = lambda record, until=float("inf"): last_eval(record, until, metric)  # noqa: E731
     rows, summary = [], {}
     # MAX_ROUNDS can end a policy with fast rounds before the budget: compare all at the time every run reached
@@ -107,7 +107,8 @@ def report(records: dict, args, variants: dict = VARIANTS, metric: str = "eval_a
                         "accuracy at the run's end (mean ± std, per seed) | server updates | simulated s at the end | "
                         "MB |", "|---|---|---|---|---|---|", *rows])
     with open(os.path.join(HERE, f"{stem}_result.md"), "w") as f:
-        f.write(f"# Simulated time: accuracy at a {args.budget_s:.0f} s budget (benchmarks/{stem}.py)\n\n{table}\n")
+        f.write(f"# Simulated time: accuracy at a {args.budget_s:.0f} s budget (benchmarks/{stem}.py)\n\n{table}\n"
+                + (f"\n{notes}\n" if notes else ""))
     line = f"{stem}_accuracy_at_{common:.0f}s " + " ".join(
         f"{n}={np.mean(summary[n]['accuracy_at_common_time']):.3f}" if n in summary else f"{n}=pending"
         for n in variants)

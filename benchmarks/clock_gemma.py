@@ -45,6 +45,14 @@ MAX_ROUNDS = 8
 TASK = {**llm_comparison.TASK, "num_rounds": MAX_ROUNDS, "local_steps": 3, "eval_every_rounds": 1,
         "eval_rows": 32, "generation_rows": 40, "validation_rows": 40}
 RUNS_DIR = os.path.join(HERE, "clock_gemma_runs")
+NOTES = """Machine: the project's shared 2-core CPU (load average 14-18 while these ran), one thread per run at nice 19.
+Seed 0 only; seeds 1 and 2 are pending (`python benchmarks/clock_gemma.py --seeds 1 2`: a run took 18-60 min of
+wall time here). Gemma-3-270M + LoRA r8 on q/v (368,640 trained numbers, 1.4 MB per message), 20 clients
+(Dirichlet 0.1 over the sentiment), 4 per server update (FedBuff: K = 4 reports per update, 8 clients training),
+3 local steps of 8 rows, default lrs; log-normal devices (spread 1, median 200 tokens/s, 5/20 Mbit/s: seed 0's
+clients need 2.1 to 49.7 simulated s per round, median 12.4 s); deadline 16 s with 30 % over-selection; 120
+simulated seconds or 8 server updates. Accuracy: greedy first-word answers on 40 test tweets (one tweet = 0.025),
+so differences below ~0.1 are within the noise of one seed."""
 
 
 def main() -> None:
@@ -74,7 +82,7 @@ def main() -> None:
                 records.setdefault(name, []).append(record)
     print(report(records, args, VARIANTS, metric="eval_generation_accuracy", stem="clock_gemma",
                  title="Gemma-3-270M + LoRA: round policies on log-normal devices",
-                 ylabel="greedy-answer accuracy (40 test tweets)"))
+                 ylabel="greedy-answer accuracy (40 test tweets)", notes=NOTES))
 
 
 if __name__ == "__main__":
