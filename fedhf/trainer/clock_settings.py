@@ -121,8 +121,8 @@ def check_clock_fields(args) -> None:
         # FedBuff has no cohort: which clients enter an update follows their devices and the refill order, not a
         # uniform sample, so no subsampled event accounts it (one unamplified Gaussian per update, composed over
         # every update a client may report in, would: not written); the buffer of K reports is formed by arrival
-        # order, which no client knows when it masks, so pairwise masks cannot be agreed (deployments sum the buffer in a
-        # trusted execution environment instead: Huba et al., "Papaya", MLSys 2022).
+        # order, which no client knows when it masks, so pairwise masks cannot be agreed (deployments sum the
+        # buffer in a trusted execution environment instead: Huba et al., "Papaya", MLSys 2022).
         (not (buffered and args.dp_mode != "off"),
          "round_policy='fedbuff' has no sampled cohort: the clients in a server update are chosen by their devices "
          "and the refill order, not by the uniform sampling the DP accountant's subsampled event assumes: use "
