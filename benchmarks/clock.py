@@ -69,24 +69,29 @@ def main() -> None:
     print(report(records, args))
 
 
-def last_eval(record: dict, until: float = float("inf")) -> dict:
+def last_eval(record: dict, until: float = float("inf"), metric: str = "eval_accuracy") -> dict:
     """The last evaluation at or before ``until`` simulated seconds."""
-    evaluated = [h for h in record["history"] if "eval_accuracy" in h and h.get("sim_time_s", 0.0) <= until]
+    evaluated = [h for h in record["history"] if metric in h and h.get("sim_time_s", 0.0) <= until]
     return evaluated[-1]
 
 
-def report(records: dict, args) -> str:
+def report(records: dict, args, variants: dict = VARIANTS, metric: str = "eval_accuracy", stem: str = "clock",
+           title: str = "Round policies on log-normal devices (one line per seed)",
+           ylabel: str = "eval accuracy (200 held-out tweets)", notes: str = "") -> str:
+    """The table (``<stem>_result.md``/``.json``), the plot (``<stem>_accuracy_vs_time.png``) and the summary line
+    of ``records`` ({variant: [record per seed]}), scored by ``metric``; ``notes`` follow the table."""
+    last = lambda record, until=float("inf"): last_eval(record, until, metric)  # noqa: E731
     rows, summary = [], {}
     # MAX_ROUNDS can end a policy with fast rounds before the budget: compare all at the time every run reached
-    common = min((last_eval(r)["sim_time_s"] for runs in records.values() for r in runs), default=0.0)
-    for name in VARIANTS:
+    common = min((last(r)["sim_time_s"] for runs in records.values() for r in runs), default=0.0)
+    for name in variants:
         runs = records.get(name, [])
         if not runs:
             rows.append(f"| {name} | pending | pending | | | |")
             continue
-        final = [last_eval(r) for r in runs]
-        acc = [f["eval_accuracy"] for f in final]
-        at_common = [last_eval(r, common)["eval_accuracy"] for r in runs]
+        final = [last(r) for r in runs]
+        acc = [f[metric] for f in final]
+        at_common = [last(r, common)[metric] for r in runs]
         summary[name] = {"accuracy": acc, "accuracy_at_common_time": at_common, "rounds": [f["round"] for f in final],
                          "sim_time_s": [f.get("sim_time_s", float("nan")) for f in final],
                          "communicated_MB": [f["communicated_MB"] for f in final],
@@ -95,21 +100,23 @@ def report(records: dict, args) -> str:
                     f"{np.mean(acc):.3f} ± {np.std(acc):.3f} ({', '.join(f'{a:.3f}' for a in acc)}) | "
                     f"{np.mean(summary[name]['rounds']):.1f} | {np.mean(summary[name]['sim_time_s']):.1f} | "
                     f"{np.mean(summary[name]['communicated_MB']):.1f} |")
-    with open(os.path.join(HERE, "clock_result.json"), "w") as f:
+    with open(os.path.join(HERE, f"{stem}_result.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    plot(records, os.path.join(HERE, "clock_accuracy_vs_time.png"))
+    plot(records, os.path.join(HERE, f"{stem}_accuracy_vs_time.png"), variants, metric, title, ylabel)
     table = "\n".join([f"| policy | accuracy at {common:.1f} simulated s (the time every run reached; per seed) | "
                         "accuracy at the run's end (mean ± std, per seed) | server updates | simulated s at the end | "
                         "MB |", "|---|---|---|---|---|---|", *rows])
-    with open(os.path.join(HERE, "clock_result.md"), "w") as f:
-        f.write(f"# Simulated time: accuracy at a {args.budget_s:.0f} s budget (benchmarks/clock.py)\n\n{table}\n")
-    line = f"clock_accuracy_at_{common:.0f}s " + " ".join(
+    with open(os.path.join(HERE, f"{stem}_result.md"), "w") as f:
+        f.write(f"# Simulated time: accuracy at a {args.budget_s:.0f} s budget (benchmarks/{stem}.py)\n\n{table}\n"
+                + (f"\n{notes}\n" if notes else ""))
+    line = f"{stem}_accuracy_at_{common:.0f}s " + " ".join(
         f"{n}={np.mean(summary[n]['accuracy_at_common_time']):.3f}" if n in summary else f"{n}=pending"
-        for n in VARIANTS)
+        for n in variants)
     return table + "\n" + line
 
 
-def plot(records: dict, path: str) -> None:
+def plot(records: dict, path: str, variants: dict = VARIANTS, metric: str = "eval_accuracy",
+         title: str = "", ylabel: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,15 +124,15 @@ def plot(records: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for name, runs in records.items():
-        curves = [[(h.get("sim_time_s", 0.0), h["eval_accuracy"]) for h in r["history"] if "eval_accuracy" in h]
+        curves = [[(h.get("sim_time_s", 0.0), h[metric]) for h in r["history"] if metric in h]
                   for r in runs]
         for i, curve in enumerate(curves):
             xs, ys = zip(*curve)
-            ax.plot(xs, ys, "o-" if i == 0 else "o--", color=f"C{list(VARIANTS).index(name)}", alpha=0.8,
+            ax.plot(xs, ys, "o-" if i == 0 else "o--", color=f"C{list(variants).index(name)}", alpha=0.8,
                     label=name if i == 0 else None, markersize=3)
     ax.set_xlabel("simulated seconds")
-    ax.set_ylabel("eval accuracy (200 held-out tweets)")
-    ax.set_title("Round policies on log-normal devices (one line per seed)", fontsize="medium")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize="medium")
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

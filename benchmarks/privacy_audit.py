@@ -140,10 +140,10 @@ class Mechanism:
     def release(self, updates: Dict[int, torch.Tensor], round_index: int) -> torch.Tensor:
         """The released (noised, decoded) sum of the clients' ``dx`` after round ``round_index``."""
         hook = copy.copy(self.built)
-        # the run's state the hook reads: the round index, the round's clients (the secure sum's partners), and
-        # the global model, which only an empty round needs
-        run = types.SimpleNamespace(rounds_done=round_index, cohort=sorted(updates), global_params={},
-                                    global_buffers={})
+        # the run's state the hook reads: the round index, the round's clients (they began it: the secure sum's
+        # partners), and the global model, which only an empty round needs
+        run = types.SimpleNamespace(rounds_done=round_index, cohort=sorted(updates), started=sorted(updates),
+                                    global_params={}, global_buffers={})
         hook.before_round(self.trainer, run)
         sums = RoundSums()
         for client, update in sorted(updates.items()):  # as LocalSteps.finish sends a client's messages

@@ -65,6 +65,10 @@ class RunState:
     downlink_bytes: float = 0.0
     losses: List[float] = field(default_factory=list)
     cohort: List[int] = field(default_factory=list)  # the current round's clients after selection (not checkpointed)
+    # the clients that began the current round (secure aggregation's mask partners): the sampled ones, less those a
+    # hook found offline before they started; a client here but not in ``cohort`` dropped after it began (the
+    # clock's deadline), and its masks are removed by secure aggregation's recovery (not checkpointed)
+    started: List[int] = field(default_factory=list)
 
     def tensor_groups(self) -> Dict[str, TensorDict]:
         return {name: getattr(self, name) for name in GROUPS}

@@ -292,6 +292,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         # 1. the round's learning rate, clients and sharing (RoLoRA's frozen factor); the hooks' round begins
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
         clients = round_clients(args.seed, r, args.num_clients, sampled_per_round(args), args.client_sampling)
+        run.started = list(clients)  # a hook that finds a client offline before it starts takes it out (the clock)
         run.cohort = clients = self.hooks.select_clients(self, run, clients)  # e.g. the clock's offline and late
         self.plan.begin_round(r)
         self.hooks.before_round(self, run)

@@ -399,12 +399,11 @@ BAD_INPUTS = [
     Bad("a clock setting without `clock_profile`", "clock_profile", _cfg(round_policy="deadline", round_deadline_s=5.0)),
     Bad("`round_policy='fedbuff'` with a LoRA product rule (reports of different global models)", "round_policy",
         _lora_tweets(clock_profile="uniform", round_policy="fedbuff", server_rule="flexlora")),
-    Bad("`round_policy='fedbuff'` with DP (one synchronous cohort assumed)", "round_policy",
+    Bad("`round_policy='fedbuff'` with DP (no sampled cohort to account)", "round_policy",
         _cfg(clock_profile="uniform", round_policy="fedbuff", dp_mode="central", dp_clip_norm=1.0,
              dp_noise_multiplier=1.0, client_sampling="poisson")),
-    Bad("clients that drop (`clock_availability` < 1) under DP with fixed-size sampling", "client_sampling",
-        _cfg(clock_profile="uniform", clock_availability=0.5, dp_mode="central", dp_clip_norm=1.0,
-             dp_noise_multiplier=1.0)),
+    Bad("`round_policy='fedbuff'` with secure aggregation (the buffer is unknown when clients mask)", "round_policy",
+        _cfg(clock_profile="uniform", round_policy="fedbuff", secure_aggregation=True)),
 ]
 
 

@@ -77,17 +77,20 @@ def sampled_per_round(args) -> int:
     return args.clients_per_round
 
 
+def deadline_target(args) -> int:
+    """The most reports a deadline round keeps: clients_per_round, the first to arrive. Under DP with Poisson
+    sampling every report within the deadline is kept instead: with a cap, one client's presence could push another
+    client's report out, so the sum would move by up to 2C under add-or-remove-one, twice the sensitivity the
+    accountant's Poisson event assumes (docs/privacy.md, "Dropped clients")."""
+    if args.dp_mode != "off" and args.client_sampling == "poisson":
+        return args.num_clients
+    return args.clients_per_round
+
+
 def concurrency(args) -> int:
     """fedbuff's clients training at once."""
     default = 2 * args.clients_per_round
     return min(args.num_clients, args.async_concurrency if args.async_concurrency is not None else default)
-
-
-def clients_drop(args) -> bool:
-    """Whether sampled clients may not report: a deadline, availability below 1, or a trace."""
-    profile = args.clock_profile
-    return clock_on(args) and (args.round_policy != "wait_all" or args.clock_availability < 1
-                               or (profile not in PROFILES and profile is not None))
 
 
 def check_clock_fields(args) -> None:

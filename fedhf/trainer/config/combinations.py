@@ -27,7 +27,7 @@ from ...runtime.sharded import sharding_requested
 from ...sharing.alternating import ROLORA
 from ...sharing.plan import PERSONAL, SHARED
 from ..hooks.compression import compressed_model_change
-from .clock_settings import clients_drop, clock_on
+from .clock_settings import clock_on
 from .privacy_settings import dp_on
 
 
@@ -249,31 +249,25 @@ COMBINATIONS: List[Refusal] = [
             and not (_buffered(s) and s.args.async_concurrency >= s.args.clients_per_round),
             lambda s: "`async_concurrency` applies to round_policy='fedbuff' and must be >= clients_per_round (the "
                       "reports the server waits for)", needs=SETTINGS),
-    Refusal(lambda s: s.args.over_selection > 0 and s.args.dp_mode != "off",
-            lambda s: "`over_selection` samples more clients than clients_per_round, but the DP accountant's "
-                      "sampling rate is clients_per_round / num_clients: set over_selection=0 under dp_mode",
-            needs=SETTINGS),
-    Refusal(lambda s: _buffered(s) and (s.args.dp_mode != "off" or s.args.secure_aggregation),
-            lambda s: "round_policy='fedbuff' sums reports that started from different global models; the DP "
-                      "accountant and the secure aggregation's cohort assume one synchronous round: use "
-                      "round_policy='wait_all' or 'deadline'", needs=SETTINGS),
+    # FedBuff has no cohort: which clients enter an update follows their devices and the refill order, not a uniform
+    # sample, so no subsampled event accounts it (one unamplified Gaussian per update, composed over every update a
+    # client may report in, would: not written); the buffer of K reports is formed by arrival order, which no client
+    # knows when it masks, so pairwise masks cannot be agreed (deployments sum the buffer in a trusted execution
+    # environment instead: Huba et al., "Papaya", MLSys 2022).
+    Refusal(lambda s: _buffered(s) and s.args.dp_mode != "off",
+            lambda s: "round_policy='fedbuff' has no sampled cohort: the clients in a server update are chosen by "
+                      "their devices and the refill order, not by the uniform sampling the DP accountant's "
+                      "subsampled event assumes: use round_policy='deadline' (over-selection with a reporting "
+                      "deadline) or 'wait_all' under dp_mode", needs=SETTINGS),
+    Refusal(lambda s: _buffered(s) and s.args.secure_aggregation,
+            lambda s: "round_policy='fedbuff' sums the first clients_per_round reports to arrive, which no client "
+                      "knows when it masks, so secure aggregation's pairwise masks cannot be agreed among them: use "
+                      "round_policy='deadline' (dropped clients' masks are removed by secure aggregation's "
+                      "recovery) or 'wait_all'", needs=SETTINGS),
     Refusal(lambda s: _buffered(s) and s.args.downlink_compression != "none",
             lambda s: "round_policy='fedbuff' sends each client the model of its own moment, but a compressed "
                       "downlink assumes every client holds the server's last broadcast: set "
                       "downlink_compression='none'", needs=SETTINGS),
-    # Dropping clients independently of their data only thins Poisson sampling (each client's inclusion
-    # probability stays <= q, so the accountant's q is conservative); fixed-size sampling's replace-one analysis
-    # and distributed noise shares assume the whole cohort reports.
-    Refusal(lambda s: clients_drop(s.args) and s.args.dp_mode == "central" and s.args.client_sampling != "poisson",
-            lambda s: "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) change "
-                      "fixed-size sampling's cohort, which the DP accountant assumes: set client_sampling='poisson' "
-                      "(dropping then only lowers each client's inclusion probability below the accounted q)",
-            needs=SETTINGS),
-    Refusal(lambda s: clients_drop(s.args) and (s.args.dp_mode == "distributed" or s.args.secure_aggregation),
-            lambda s: "clients that drop (round_policy='deadline', clock_availability < 1 or a trace) are not part "
-                      "of the simulated secure aggregation's cohort and would leave distributed noise short: use "
-                      "dp_mode='central' without secure_aggregation, or round_policy='wait_all' with "
-                      "clock_availability=1", needs=SETTINGS),
     # micro-batches of one local step (fedhf/trainer/runners/local_steps.py, ``accumulate``)
     Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
                                                                   or s.loss_is_scaled_for_ga),

@@ -11,6 +11,7 @@ from typing import Optional
 
 from ...privacy import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, adaptive_noise_split, calibrate_noise
 from ...privacy.secagg import SecAggCodec
+from .clock_settings import sampled_per_round
 
 DP_MODES = ("off", "central", "distributed")
 
@@ -113,13 +114,21 @@ def count_std(args) -> float:
     return args.clients_per_round / 20.0
 
 
+def accounted_cohort(args) -> int:
+    """The sampled cohort the accountant's event has: every client whose data can enter a round. That is
+    clients_per_round, or the over-selected ceil((1 + over_selection) x clients_per_round) of a deadline round
+    (any of them may be among the reports kept); clients that then drop (offline, late) only lower a client's
+    chance of entering the sums (docs/privacy.md, "Dropped clients")."""
+    return sampled_per_round(args)
+
+
 def noise_multiplier(args) -> float:
     """z, the accounted noise multiplier: the given one, else calibrated to reach ``dp_epsilon`` after
     ``num_rounds`` rounds from below."""
     if args.dp_noise_multiplier is not None:
         return float(args.dp_noise_multiplier)
     return calibrate_noise(args.dp_epsilon, dp_delta(args), args.num_rounds, args.client_sampling,
-                           args.num_clients, args.clients_per_round, args.dp_accountant)
+                           args.num_clients, accounted_cohort(args), args.dp_accountant)
 
 
 def sums_noise_multiplier(args, z: float) -> float:
@@ -141,7 +150,7 @@ def share_noise_multiplier(args, z_sums: float) -> float:
 
 
 def accountant(args, z: float) -> PrivacyAccountant:
-    return PrivacyAccountant(z, dp_delta(args), args.client_sampling, args.num_clients, args.clients_per_round,
+    return PrivacyAccountant(z, dp_delta(args), args.client_sampling, args.num_clients, accounted_cohort(args),
                              args.dp_accountant)
 
 
@@ -210,8 +219,9 @@ def privacy_card_rows(args, history) -> list:
     spent = [h for h in history if "dp_epsilon" in h]
     if dp_on(args) and spent:
         last = spent[-1]
-        sampling = (f"Poisson, q = {args.clients_per_round}/{args.num_clients}" if args.client_sampling == "poisson"
-                    else f"fixed size {args.clients_per_round} of {args.num_clients} without replacement "
+        cohort = accounted_cohort(args)
+        sampling = (f"Poisson, q = {cohort}/{args.num_clients}" if args.client_sampling == "poisson"
+                    else f"fixed size {cohort} of {args.num_clients} without replacement "
                          "(replace-one neighbours)")
         clip = (f"adaptive (quantile {args.dp_adaptive_clip_quantile}), last C = {last['dp_clip_norm']:.4g}"
                 if args.dp_adaptive_clip_quantile is not None else f"{last['dp_clip_norm']:.4g}")

@@ -11,7 +11,9 @@ meets them:
 * ``select_clients(trainer, run, clients) -> clients``: the round's sampled clients, before anything else of the
   round; a hook returns the clients that take part (the simulated clock drops offline and late clients here; under
   FedBuff it answers its own dispatch instead). Each
-  hook gets the previous one's answer; ``run.cohort`` then holds the result for the rest of the round.
+  hook gets the previous one's answer; ``run.cohort`` then holds the result for the rest of the round, and
+  ``run.started`` the clients that began it (secure aggregation's mask partners: the sampled ones, less those a hook
+  found offline before they started; a client in it but not in the cohort dropped after it began).
 * ``before_round(trainer, run)``: before this process's clients train.
 * ``broadcast_bytes(trainer, run, dense) -> bytes``: what the broadcast to one client costs, given its dense size
   (a compressed downlink returns its encoded size; fedhf/trainer/hooks/compression.py).

@@ -36,7 +36,7 @@ from ...core.params import TensorDict
 from ...core.schedule import sample_clients
 from ...simulation import (InFlight, RoundTiming, available_clients, client_seconds, csv_profiles, deadline_round,
                           lognormal_profiles, next_arrivals, refill, staleness_weight, wait_for_all)
-from ..config.clock_settings import PROFILES, clock_on, concurrency
+from ..config.clock_settings import PROFILES, clock_on, concurrency, deadline_target
 from .base import ClientMessages, RoundHook
 
 KEPT_SUMS = ("excluded", "downlink_bytes")  # fedbuff: what this round's training adds and its reports do not
@@ -93,13 +93,16 @@ class VirtualClock(RoundHook):
         if not self.on:
             return list(clients)
         if self.buffered:
-            return self._dispatch(run.rounds_done)
+            run.started = self._dispatch(run.rounds_done)
+            return list(run.started)
         args, r = self.args, run.rounds_done
         online = available_clients(args.seed, r, clients, self.profiles)
         self.offline = len(clients) - len(online)
+        offline = set(clients) - set(online)  # never began; the late ones drop after they began (the recovery's)
+        run.started = [c for c in run.started if c not in offline]
         finish = {c: self._finish_time(c) for c in online}
         if args.round_policy == "deadline":
-            self.timing = deadline_round(finish, args.round_deadline_s, args.clients_per_round)
+            self.timing = deadline_round(finish, args.round_deadline_s, deadline_target(args))
         else:
             self.timing = wait_for_all(finish)
         self.dropped = len(online) - len(self.timing.kept)

@@ -139,7 +139,7 @@ class Privacy(RoundHook):
             trainer.control.should_training_stop = True
 
     def before_round(self, trainer, run) -> None:
-        self.cohort = list(run.cohort)  # the round's clients after selection (the secure sum's partners)
+        self.cohort = list(run.started)  # the clients that began the round: the secure sum's mask partners
         self.round_clip = self.clip_norm
 
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:

@@ -99,10 +99,7 @@ def test_a_resumed_run_continues_the_same_clock_and_the_budget_stops_it(digits, 
     (dict(clock_profile="lognormal", over_selection=0.3), "only applies to round_policy='deadline'"),
     (dict(clock_profile="nowhere.csv"), "one of .* or the path of a CSV trace"),
     (dict(clock_profile="uniform", async_concurrency=4), "applies to round_policy='fedbuff'"),
-    (dict(clock_profile="uniform", round_policy="fedbuff", dp_mode="central", dp_clip_norm=1.0,
-          dp_noise_multiplier=1.0, client_sampling="poisson"), "one synchronous round"),
-    (dict(clock_profile="uniform", clock_availability=0.5, dp_mode="central", dp_clip_norm=1.0,
-          dp_noise_multiplier=1.0), "client_sampling='poisson'"),
+    (dict(clock_profile="uniform", round_policy="fedbuff", downlink_compression="int8"), "compressed downlink"),
 ])
 def test_clock_settings_that_cannot_work_are_refused_with_the_fix(tmp_path, settings, message):
     with pytest.raises(ValueError, match=message):
