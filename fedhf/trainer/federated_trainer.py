@@ -57,7 +57,7 @@ from .round_features import round_hooks
 from .llm_guidance import warn_sgd_lr
 from .local_steps import LocalSteps, faulty
 from .loss_scaling import LossScale
-from .memory_plan import check_budget, plan_memory
+from .memory_plan import check_budget, plan_memory, plan_text
 from .outputs import HISTORY_FILE, restore_run
 from .published import PublishedModel
 from .runners import choose_runner
@@ -238,7 +238,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
     def _plan_run(self, run: RunState) -> None:
         self.memory_plan = plan_memory(self, run)  # fedhf/trainer/memory_plan.py
         if self.is_world_process_zero():
-            print(self.memory_plan)
+            print(plan_text(self.memory_plan, self.args))
         check_budget(self.memory_plan, self.args)
 
     def _load_global(self, run: RunState) -> None:

@@ -1,4 +1,5 @@
-"""The memory plan: what a run holds at once, printed at the start of ``train()`` and checked against
+"""The memory plan: what a run holds at once, printed at the start of ``train()`` (in full at ``log_level`` info or
+debug, or when ``memory_budget_gb`` is set; otherwise as one line with its largest rows) and checked against
 ``memory_budget_gb`` before any training or file write.
 
 Rows (bytes; C = ``batched_clients``, the clients trained at once):
@@ -87,6 +88,7 @@ logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares t
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -195,6 +197,21 @@ class MemoryPlan:
         lines = ["fedhf memory plan"] + [f"  {name:<20}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
         lines.append(f"  {'total':<20}{_mb(self.total_bytes):>12}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+    def summary(self) -> str:
+        """One line: the total and the three largest rows."""
+        largest = sorted(((b, name) for name, b in self.rows().items() if b), reverse=True)[:3]
+        return (f"fedhf memory plan: {_mb(self.total_bytes)} in total ("
+                + ", ".join(f"{name} {_mb(b)}" for b, name in largest)
+                + "); log_level='info' or memory_budget_gb prints every row")
+
+
+def plan_text(plan: MemoryPlan, args) -> str:
+    """What ``train()`` prints: every row when the user asked for detail (``log_level`` info or debug, e.g.
+    ``TRANSFORMERS_VERBOSITY=info``) or set a budget the plan is checked against, else the one-line summary."""
+    detailed = args.get_process_log_level() <= logging.INFO or args.memory_budget_gb is not None
+    return str(plan) if detailed else plan.summary()
 
 
 def _mb(nbytes: float) -> str:
