@@ -8,7 +8,7 @@ The names below are imported on first use (PEP 562): ``import fedhf`` and the ``
 
 from importlib import import_module
 
-from .runtime.bitsandbytes_notice import silence_kernel_notice
+from .runtime.library_notices import silence_kernel_notice
 from .version import __version__
 
 silence_kernel_notice()  # before any fedhf module can import peft (and with it bitsandbytes)
