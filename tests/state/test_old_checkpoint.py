@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.state.test_checkpoint import _comparable, _run
+from tests.helpers import without_timings
+from tests.scripts.resume_run import run_here
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "run_before_layout")
 
@@ -19,10 +20,8 @@ def test_a_checkpoint_from_before_the_layout_resumes_to_the_uninterrupted_result
 
     old = tmp_path / "old"
     shutil.copytree(FIXTURE, old)
-    resumed = _run(old, tmp_path / "resumed.safetensors", "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    done = _run(tmp_path / "full", tmp_path / "full.safetensors")
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_here(old, tmp_path / "resumed.safetensors", "--resume")
+    run_here(tmp_path / "full", tmp_path / "full.safetensors")
 
     full, again = load_file(str(tmp_path / "full.safetensors")), load_file(str(tmp_path / "resumed.safetensors"))
     assert full.keys() == again.keys()
@@ -32,6 +31,6 @@ def test_a_checkpoint_from_before_the_layout_resumes_to_the_uninterrupted_result
     history_full = json.loads((tmp_path / "full" / "federated_history.json").read_text())
     history_resumed = json.loads((old / "federated_history.json").read_text())
     assert [h["round"] for h in history_resumed] == [1, 2, 3, 4, 5]
-    for resumed_entry, full_entry in zip(_comparable(history_resumed), _comparable(history_full)):
+    for resumed_entry, full_entry in zip(without_timings(history_resumed), without_timings(history_full)):
         assert resumed_entry.keys() == full_entry.keys()
         assert all(resumed_entry[k] == pytest.approx(full_entry[k], rel=1e-4) for k in full_entry)
