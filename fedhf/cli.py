@@ -27,6 +27,20 @@ class NetworkError(Exception):
     """The Hub could not be reached (push_to_hub's repository creation): fedhf's message, not a transport traceback."""
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser whose epilog is built only when its help is printed: the field list reads
+    FederatedConfig, which imports transformers (seconds), and ``fedhf --help`` or a parse must not pay for it."""
+
+    def __init__(self, *args, epilog_from=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epilog_from = epilog_from
+
+    def format_help(self) -> str:
+        if self.epilog_from is not None:
+            self.epilog = self.epilog_from()
+        return super().format_help()
+
+
 def _parser() -> argparse.ArgumentParser:
     from .trainer.config.field_help import fields_help
     from .version import __version__
@@ -35,11 +49,11 @@ def _parser() -> argparse.ArgumentParser:
                                      description="Federated fine-tuning as a Hugging Face workflow. Add --debug to "
                                                  "any command to see the traceback of an error.")
     parser.add_argument("--version", action="version", version=f"fedhf {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     for name, text in (("train", "Train a recipe; --field value overrides a FederatedConfig field of its train:."),
                        ("partition", "Write partition.json/png of a recipe's data to output_dir, without training.")):
         sub = commands.add_parser(name, help=text, description=text, allow_abbrev=False,
-                                  epilog=fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                                  epilog_from=fields_help, formatter_class=argparse.RawDescriptionHelpFormatter)
         sub.add_argument("--config", required=True, help="The recipe (YAML with model/lora/data/train sections).")
         if name == "train":
             sub.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH",

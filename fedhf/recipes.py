@@ -241,7 +241,10 @@ def _with_lora(model, recipe: Recipe, task_type: Optional[str]):
         return model
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(**{"task_type": task_type, **recipe.lora}))
+    from .runtime.library_notices import quiet_peft_wrap
+
+    with quiet_peft_wrap():
+        return get_peft_model(model, LoraConfig(**{"task_type": task_type, **recipe.lora}))
 
 
 def build_sequence_classification(recipe: Recipe, splits) -> Built:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from peft import LoraConfig, TaskType, get_peft_model
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, ResNetConfig, \
@@ -11,9 +13,13 @@ from fedhf import FederatedConfig, FederatedTrainer
 from fedhf.metrics import accuracy_metrics
 
 
-def lora_minilm(path: str, dropout: bool = True, seed: int = 0):
+def lora_minilm(path: str, dropout: bool = True, seed: int = 0, layers: Optional[int] = None):
+    """MiniLM (6 layers) with LoRA on query/value and its new 3-class head; ``layers`` keeps only the first
+    pretrained layers (a third of the compute at 1, for tests that check mechanics rather than learning)."""
     torch.manual_seed(seed)
     extra = {} if dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    if layers is not None:
+        extra["num_hidden_layers"] = layers
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=3, **extra)
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1 if dropout else 0.0, target_modules=["query", "value"],
                       task_type=TaskType.SEQ_CLS)

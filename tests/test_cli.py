@@ -59,11 +59,38 @@ def test_algorithms_lists_every_named_algorithm_with_names_the_config_accepts(ca
                                                                                  "mean"]
 
 
-def test_python_dash_m_fedhf_runs_the_command():
+def _run_with_imports(*args: str):
+    """``python -X importtime *args`` from the repository: its stdout, stderr (the import lines removed) and the set
+    of modules it imported (importtime writes one ``import time: self | cumulative | name`` line per module)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "fedhf", "algorithms"], capture_output=True, text=True, env=env,
-                         cwd=ROOT, check=True).stdout
-    assert "scaffold" in out and "control_variate" in out
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, check=True)
+    lines = done.stderr.splitlines()
+    imported = {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+    return done.stdout, "\n".join(line for line in lines if not line.startswith("import time:")), imported
+
+
+HEAVY = {"transformers", "peft", "bitsandbytes", "trl", "datasets"}  # seconds to import; bitsandbytes comes with peft
+
+
+def test_import_help_version_and_algorithms_load_no_transformers_peft_or_bitsandbytes():
+    """``import fedhf`` and the commands that train nothing stay fast and quiet; ``python -m fedhf`` is the command."""
+    from fedhf import __version__
+
+    for args, expected in ((["-c", "import fedhf"], ""), (["-m", "fedhf", "--help"], "usage: fedhf"),
+                           (["-m", "fedhf", "--version"], f"fedhf {__version__}"),
+                           (["-m", "fedhf", "algorithms"], "control_variate")):
+        out, err, imported = _run_with_imports(*args)
+        assert expected in out and not HEAVY & imported and not err.strip(), (args, HEAVY & imported, err)
+        assert "fedhf" in imported
+
+
+def test_train_help_loads_the_trainer_without_bitsandbytes_kernel_notice():
+    """Loading the trainer imports peft and with it bitsandbytes (when installed), whose CPU backend logs "Failed to
+    load CPU gemm_4bit_forward from kernels-community" at import: fedhf drops that one record."""
+    out, err, imported = _run_with_imports("-m", "fedhf", "train", "--help")
+    assert "Overridable fields" in out and {"transformers", "peft"} <= imported
+    assert "gemm_4bit_forward" not in err and "kernels-community" not in err, err
 
 
 def test_partition_writes_the_report_and_no_model(tmp_path):

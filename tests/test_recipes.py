@@ -8,6 +8,7 @@ import json
 import math
 import pathlib
 import sys
+import warnings
 
 import pytest
 import torch
@@ -158,3 +159,19 @@ def test_bf16_auto_in_a_recipe_is_bf16_only_where_it_has_hardware(tmp_path, monk
     assert load_recipe(_write(tmp_path, recipe)).train["bf16"] is hardware
     recipe["train"]["bf16"] = True  # an explicit value is left as given
     assert load_recipe(_write(tmp_path, recipe, "forced.yaml")).train["bf16"] is True
+
+
+def test_a_recipes_lora_wrap_shows_no_deprecation_warning_from_peft(minilm):
+    """peft reads the model's deprecated ``is_gradient_checkpointing`` when it wraps it (a transformers FutureWarning
+    about peft's code); fedhf's own wrap of a recipe's lora: section drops that one warning."""
+    from transformers import AutoModelForSequenceClassification
+
+    from fedhf.recipes import _with_lora
+
+    recipe = load_recipe(str(TWEETS))
+    model = AutoModelForSequenceClassification.from_pretrained(minilm, num_labels=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrapped = _with_lora(model, recipe, "SEQ_CLS")
+    assert wrapped.peft_config["default"].r == recipe.lora["r"]
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]

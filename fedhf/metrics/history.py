@@ -26,9 +26,13 @@ def write_json_atomic(obj, path: str) -> None:
         raise
 
 
+#: trl's evaluation diagnostics: the tokens trained on so far and the mean predictive entropy, not a quality measure
+DIAGNOSTICS = ("eval_num_tokens", "eval_entropy")
+
+
 def is_quality_metric(key: str) -> bool:
-    """eval_accuracy, eval_f1, ... -- not the loss and not Trainer's timing entries."""
-    return key.startswith("eval_") and key != "eval_loss" and not key.endswith(
+    """eval_accuracy, eval_f1, ... -- not the loss, not Trainer's timing entries, not trl's diagnostics."""
+    return key.startswith("eval_") and key not in ("eval_loss", *DIAGNOSTICS) and not key.endswith(
         ("_runtime", "_per_second", "_preparation_time"))
 
 

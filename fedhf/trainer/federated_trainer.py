@@ -60,7 +60,7 @@ from .hooks.round_features import round_hooks
 from .config.llm_guidance import warn_sgd_lr
 from .runners.local_steps import LocalSteps, faulty
 from .runners.loss_scaling import LossScale
-from .runners.memory_plan import check_budget, plan_memory
+from .runners.memory_plan import check_budget, plan_memory, plan_text
 from .hooks.outputs import HISTORY_FILE, restore_run
 from .published import PublishedModel
 from .runners.base import choose_runner
@@ -251,7 +251,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
     def _plan_run(self, run: RunState) -> None:
         self.memory_plan = plan_memory(self, run)  # fedhf/trainer/runners/memory_plan.py
         if self.is_world_process_zero():
-            print(self.memory_plan)
+            print(plan_text(self.memory_plan, self.args))
         check_budget(self.memory_plan, self.args)
 
     def _load_global(self, run: RunState) -> None:

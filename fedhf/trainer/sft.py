@@ -15,7 +15,8 @@ collator, peft), ``compute_loss``, ``training_step``, ``evaluate`` and ``log`` r
 fedhf sets on purpose take fedhf's meaning (``learning_rate`` and ``weight_decay`` default to the algorithm's paper
 values, ``logging_steps`` counts rounds, ``average_tokens_across_devices`` stays off as local steps never
 all-reduce, ``save_strategy`` maps onto ``save_every_rounds``); every other SFTConfig field
-keeps trl's default (``bf16`` unless ``fp16``, ``gradient_checkpointing`` on, ``max_length`` 1024). On a machine
+keeps trl's default (``bf16`` unless ``fp16``, gradient checkpointing on (set as ``activation_checkpointing``,
+transformers' current name), ``max_length`` 1024). On a machine
 without a GPU, trl's ``bf16`` default sets ``use_cpu`` as an explicit ``bf16=True`` does in FederatedConfig.
 
 trl logs token metrics (``entropy``, ``mean_token_accuracy``, ``num_tokens``) from ``compute_loss`` by gathering
@@ -48,10 +49,16 @@ except ImportError as err:  # pragma: no cover - exercised only where trl is mis
     raise ImportError("fedhf's FederatedSFTTrainer runs on trl's SFTTrainer, which is not installed: "
                       "pip install trl  (or pip install 'fedhf[llm]').") from err
 
+from ..runtime.library_notices import quiet_peft_wrap
 from .config.federated_config import FederatedConfig
 from .federated_trainer import FederatedTrainer
 
 LABEL_SPLITS = ("dirichlet", "natural")
+
+#: trl's defaults set through a name transformers 5 deprecated: FederatedSFTConfig sets the current name instead
+#: (in __post_init__, when the user set neither), since a default under the old name warns "`gradient_checkpointing`
+#: is deprecated" on every config although the user never typed it. A user who types the old name still gets it.
+DEPRECATED_ALIASES = {"gradient_checkpointing": "activation_checkpointing"}
 
 
 def _default(f: dataclasses.Field):
@@ -67,7 +74,9 @@ def _trl_overrides() -> list:
     checkpointing off)."""
     base, fed = TrainingArguments.__dataclass_fields__, FederatedConfig.__dataclass_fields__
     return [name for name, f in SFTConfig.__dataclass_fields__.items()
-            if name in base and _default(f) != _default(base[name]) and _default(fed[name]) == _default(base[name])]
+            if name in base and _default(f) != _default(base[name]) and _default(fed[name]) == _default(base[name])
+            and name not in DEPRECATED_ALIASES]
+
 
 
 def _keep_trl_defaults(cls):
@@ -93,6 +102,9 @@ class FederatedSFTConfig(FederatedConfig, SFTConfig):
             # trl's rule (its base config's __post_init__, which runs later), resolved before FederatedConfig reads
             # bf16 to pick the device, so a machine without a GPU runs it on the CPU as an explicit bf16=True does.
             self.bf16 = not self.fp16
+        for old, new in DEPRECATED_ALIASES.items():
+            if getattr(self, old) is None and getattr(self, new) is None:
+                setattr(self, new, _default(SFTConfig.__dataclass_fields__[old]))  # trl's default, current name
         super().__post_init__()
         if self.packing and self.partition in LABEL_SPLITS:
             raise ValueError(
@@ -142,8 +154,9 @@ class FederatedSFTTrainer(FederatedTrainer, SFTTrainer):
         if client_partitions is not None and (args.packing or args.shuffle_dataset):
             raise ValueError("`client_partitions` index the rows of `train_dataset`, which `packing` and "
                              "`shuffle_dataset` rearrange; set both to False or let `partition` make the split.")
-        super().__init__(model, args, data_collator, train_dataset, *trainer_args,
-                         client_partitions=client_partitions, **trainer_kwargs)
+        with quiet_peft_wrap():  # trl wraps the model with `peft_config` (fedhf/runtime/library_notices.py)
+            super().__init__(model, args, data_collator, train_dataset, *trainer_args,
+                             client_partitions=client_partitions, **trainer_kwargs)
         if client_partitions is not None and len(self.train_dataset) != len(train_dataset):
             raise ValueError(
                 f"trl dropped {len(train_dataset) - len(self.train_dataset)} rows of `train_dataset` (rows whose "

@@ -68,9 +68,9 @@ def test_batched_clients_equal_one_at_a_time(gemma_dir, gemma_tokenizer, tweets,
                       **{**FEDERATION, "num_rounds": 1, "local_steps": 2, "per_device_train_batch_size": 4})
         trainer = FederatedTrainer(model=gemma_lora(gemma_dir, torch.float32), args=args,
                                    train_dataset=tweets["train"], data_collator=SFTCollator(gemma_tokenizer))
+        start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}  # seed 0's
         trainer.train()
         adapters.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
-    start = {n: p for n, p in gemma_lora(gemma_dir, torch.float32).named_parameters() if p.requires_grad}
     moved = max((adapters[0][n] - start[n]).abs().max() for n in start)
     assert moved > 1e-4  # the clients trained
     for name, value in adapters[0].items():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import runpy
 import shutil
 import socket
 import subprocess
@@ -39,14 +42,30 @@ def _launch(command, env):
     return done
 
 
+def _run_here(script) -> str:
+    """``python *script`` in this process (the 1-process reference: no interpreter start-up, ~10 s a launch): the
+    script runs as ``__main__`` with its arguments; its stdout is returned, and torch's thread count (the scripts pin
+    one) restored."""
+    threads, argv, out = torch.get_num_threads(), sys.argv, io.StringIO()
+    try:
+        sys.argv = list(script)
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script[0], run_name="__main__")
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(threads)
+    return out.getvalue()
+
+
 def _run(n_processes, specs, out_dir, launcher="torchrun", readme=False, script_path=SCRIPT):
     """One launch of ``script_path`` (this file's run script, or client_parallel_run.py) trains every spec;
     {spec: saved tensors}."""
     out_dir.mkdir()
     script = [script_path, str(out_dir), *specs] + (["readme"] if readme else [])
     if n_processes == 1:
-        command = [sys.executable, *script]
-    elif launcher == "torchrun":
+        assert _run_here(script).count("world_size 1") == len(specs)
+        return {spec: load_file(out_file(str(out_dir), spec)) for spec in specs}
+    if launcher == "torchrun":
         command = [TORCHRUN, "--standalone", "--nproc_per_node", str(n_processes), *script]
     else:  # the CPU command documented in docs/scaling.md (plain --cpu would start a single process)
         command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(n_processes), "--num_machines", "1",
@@ -87,17 +106,30 @@ def test_accelerate_launch_gives_the_same_global_model(runs, tmp_path):
         torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
-@pytest.mark.skipif(TORCHRUN is None or ACCELERATE is None, reason="launchers not installed")
-@pytest.mark.parametrize("algorithm,launcher", [("scaffold", "torchrun"), ("fadam_gt", "torchrun"),
-                                                ("fedpm", "accelerate")])
-def test_readme_launch_commands_without_use_cpu_give_the_one_process_model(tmp_path, algorithm, launcher):
+README_LAUNCHES = {"torchrun": ["scaffold", "fadam_gt"], "accelerate": ["fedpm"]}
+
+
+@pytest.fixture(scope="module")
+def readme_runs(tmp_path_factory):
+    """docs/scaling.md's config: one 1-process launch for every spec, and one 2-process launch per launcher."""
+    if TORCHRUN is None or ACCELERATE is None:
+        pytest.skip("launchers not installed")
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU-only launch; with a GPU accelerate maps the processes itself")
+    root = tmp_path_factory.mktemp("readme")
+    runs = {"one": _run(1, [s for specs in README_LAUNCHES.values() for s in specs], root / "one", readme=True)}
+    for launcher, specs in README_LAUNCHES.items():
+        runs[launcher] = _run(2, specs, root / launcher, launcher=launcher, readme=True)
+    return runs
+
+
+@pytest.mark.parametrize("algorithm,launcher", [(s, launcher) for launcher, specs in README_LAUNCHES.items()
+                                                for s in specs])
+def test_readme_launch_commands_without_use_cpu_give_the_one_process_model(readme_runs, algorithm, launcher):
     """docs/scaling.md's commands with its config (no `use_cpu`) on a machine without a GPU: every process
     must be counted, or each trains every client and the sums double (SCAFFOLD's c, FAdamGT's y and FedPM's
     mixing depend on the count, so the model would differ, not just the logs)."""
-    if torch.cuda.is_available():
-        pytest.skip("this checks the CPU-only launch; with a GPU accelerate maps the processes itself")
-    one = _run(1, [algorithm], tmp_path / "one", readme=True)[algorithm]
-    two = _run(2, [algorithm], tmp_path / "two", launcher=launcher, readme=True)[algorithm]
+    one, two = readme_runs["one"][algorithm], readme_runs[launcher][algorithm]
     assert float(two["history.participants"]) == float(one["history.participants"]) == 4.0  # clients_per_round
     torch.testing.assert_close(two["history.uplink_MB"], one["history.uplink_MB"], rtol=1e-12, atol=0)
     for name in one:

@@ -9,9 +9,10 @@ from fedhf.metrics import accuracy_metrics, plot_history, write_json_atomic
 from fedhf.metrics.history import is_quality_metric, plotted_metric
 
 
-def test_quality_metrics_exclude_loss_and_timings():
-    keys = ["eval_loss", "eval_model_preparation_time", "eval_runtime", "eval_samples_per_second", "eval_accuracy"]
-    assert [k for k in keys if is_quality_metric(k)] == ["eval_accuracy"]
+def test_quality_metrics_exclude_loss_timings_and_trls_diagnostics():
+    keys = ["eval_loss", "eval_model_preparation_time", "eval_runtime", "eval_samples_per_second", "eval_accuracy",
+            "eval_num_tokens", "eval_entropy", "eval_mean_token_accuracy"]  # the last three: trl's SFT evaluation
+    assert [k for k in keys if is_quality_metric(k)] == ["eval_accuracy", "eval_mean_token_accuracy"]
 
 
 def test_accuracy_from_logits():

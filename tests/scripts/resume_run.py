@@ -68,5 +68,16 @@ def main(argv) -> None:
     save_file(state, result)
 
 
+def run_here(out_dir, result, *flags) -> None:
+    """:func:`main` in the calling process (a test's: no interpreter start-up and imports, seconds per run); only a
+    run that is killed needs its own process. ``main`` pins one torch thread, as in this script's processes; the
+    caller's count is restored afterwards."""
+    threads = torch.get_num_threads()
+    try:
+        main([str(out_dir), str(result), *flags])
+    finally:
+        torch.set_num_threads(threads)
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

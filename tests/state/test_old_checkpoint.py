@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers import without_timings
-from tests.state.test_checkpoint import _run
+from tests.scripts.resume_run import run_here
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "run_before_layout")
 
@@ -20,10 +20,8 @@ def test_a_checkpoint_from_before_the_layout_resumes_to_the_uninterrupted_result
 
     old = tmp_path / "old"
     shutil.copytree(FIXTURE, old)
-    resumed = _run(old, tmp_path / "resumed.safetensors", "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    done = _run(tmp_path / "full", tmp_path / "full.safetensors")
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_here(old, tmp_path / "resumed.safetensors", "--resume")
+    run_here(tmp_path / "full", tmp_path / "full.safetensors")
 
     full, again = load_file(str(tmp_path / "full.safetensors")), load_file(str(tmp_path / "resumed.safetensors"))
     assert full.keys() == again.keys()

@@ -121,7 +121,9 @@ def test_every_named_algorithm_trains_full_weights(digits, tmp_path, name):
 
 @pytest.mark.parametrize("name", fedhf.list_algorithms())
 def test_every_named_algorithm_trains_lora(minilm, tweets, tokenizer, tmp_path, name):
-    model = lora_minilm(minilm)
+    # One pretrained layer is a third of the time. prefed's first preconditioned steps leave layer 0's query lora_A
+    # exactly where it was on that model within these 4 local steps, so prefed keeps the whole MiniLM.
+    model = lora_minilm(minilm, layers=None if name == "prefed" else 1)
     before = trainable_state(model)
     args = config(tmp_path, algorithm=name, algorithm_kwargs=_short_curvature_pass(name), num_clients=4,
                   clients_per_round=2, num_rounds=2, local_steps=2, per_device_train_batch_size=8)

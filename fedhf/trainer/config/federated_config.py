@@ -292,6 +292,10 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
             # CPU is the only device, and bf16 autocast runs there, but transformers refuses bf16 without use_cpu:
             # a recipe with `bf16: true` would otherwise not load on a CPU-only machine.
             self.use_cpu = True
+        if self.dataloader_pin_memory and not torch.accelerator.is_available():
+            # Pinned memory serves copies to an accelerator; without one torch ignores the flag and warns on every
+            # evaluation loader (TrainingArguments turns it off only under use_cpu). Same results either way.
+            self.dataloader_pin_memory = False
         coerce_numeric_strings(self)  # before TrainingArguments compares them with numbers
         check_output_dir(self.output_dir)
         refuse_unsupported(self, TRAINING_ARGUMENTS_DEFAULTS)  # fedhf/trainer/config/settings.py: docs/trainer_settings.md

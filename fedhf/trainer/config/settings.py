@@ -114,7 +114,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "parallelism_config": (REFUSED, "tensor/context parallelism of the resident model is not supported"),
     "dataloader_drop_last": (HONOURED, "a client skips its last partial batch when it has a full one"),
     "dataloader_num_workers": (HONOURED, "workers of each client's loader"),
-    "dataloader_pin_memory": (NO_EFFECT, _SPEED),
+    "dataloader_pin_memory": (NO_EFFECT, "speed only: same results; set False where no accelerator is present "
+                                         "(torch ignores it there, with a warning)"),
     "dataloader_persistent_workers": (NO_EFFECT, _SPEED),
     "dataloader_prefetch_factor": (NO_EFFECT, _SPEED),
     "dataloader_multiprocessing_context": (NO_EFFECT, _SPEED),

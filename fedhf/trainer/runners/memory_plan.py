@@ -1,4 +1,5 @@
-"""The memory plan: what a run holds at once, printed at the start of ``train()`` and checked against
+"""The memory plan: what a run holds at once, printed at the start of ``train()`` (in full at ``log_level`` info or
+debug, or when ``memory_budget_gb`` is set; otherwise as one line with its largest rows) and checked against
 ``memory_budget_gb`` before any training or file write.
 
 Rows (bytes; C = ``batched_clients``, the clients trained at once):
@@ -38,7 +39,6 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
     the logits to fp32 and autograd keeps that copy, then the log-softmax's and the logits' gradients), at the
     labelled positions with ``logits_at_labels_only`` (fedhf/runtime/labelled_logits.py; those of the
     ``per_device_train_batch_size`` rows with the most labels), else at every position of the largest batch;
-    one more under ``batched_clients`` > 1 (per-row losses: a cross-entropy per token, then summed per row);
   - trl's fused LM head (FederatedSFTTrainer, trl >= 1.16), which never materialises the logits: its backward
     holds 8 fp32 tiles of at most 4,096 positions x 32,768 tokens (every position on CPU, the labelled ones where
     trl runs Triton), an fp32 copy of a 32,768-row slice of the head's weight and the hidden states' gradient;
@@ -50,8 +50,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
 
   The constants were measured as the peak of the tensors a run allocates (``fedhf.runtime.model_memory.peak_tensor_bytes``, torch's
   profiler) on the tiny Llama of tests/trainer/runners/test_memory_plan.py (V = 30,522, fp32, where the head is most of
-  the step): 3.0 logits-sized tensors with every position projected, 3.9 per client with 2 and 4 batched clients
-  (also with 2 clients of the small Llama of benchmarks/memory_plan.py), 2.0 (+ the labelled rows) in the GNB
+  the step): 3.0 logits-sized tensors with every position projected, also per client with 2 batched clients
+  (3.9 before the stacked modules were reused across chunks), 2.0 (+ the labelled rows) in the GNB
   pass, 1.0 in FOOF's, 7.8 tiles in trl's head; and against the peak resident set of Gemma-3-270M LoRA runs in
   bf16 and fp32 (benchmarks/memory_plan.py --gemma). The resident set also holds what libraries allocate outside torch's
   tensors (library buffers, the allocator's slack), which the plan does not count (a note says so): with the small
@@ -87,6 +87,7 @@ logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares t
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -195,6 +196,21 @@ class MemoryPlan:
         lines = ["fedhf memory plan"] + [f"  {name:<20}{_mb(b):>12}  {detail[name]}" for name, b in self.rows().items()]
         lines.append(f"  {'total':<20}{_mb(self.total_bytes):>12}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+    def summary(self) -> str:
+        """One line: the total and the three largest rows."""
+        largest = sorted(((b, name) for name, b in self.rows().items() if b), reverse=True)[:3]
+        return (f"fedhf memory plan: {_mb(self.total_bytes)} in total ("
+                + ", ".join(f"{name} {_mb(b)}" for b, name in largest)
+                + "); log_level='info' or memory_budget_gb prints every row")
+
+
+def plan_text(plan: MemoryPlan, args) -> str:
+    """What ``train()`` prints: every row when the user asked for detail (``log_level`` info or debug, e.g.
+    ``TRANSFORMERS_VERBOSITY=info``) or set a budget the plan is checked against, else the one-line summary."""
+    detailed = args.get_process_log_level() <= logging.INFO or args.memory_budget_gb is not None
+    return str(plan) if detailed else plan.summary()
 
 
 def _mb(nbytes: float) -> str:
@@ -332,7 +348,7 @@ def _activation_bytes(trainer, notes: list) -> Tuple[Optional[int], int]:
     labelled = _most_labels(data, rows)
     head = HeadShape(rows, lengths, labelled, vocabulary, model.config.hidden_size, half_logits)
     loss = (fused_head_bytes(head, trl_scores_labelled_only(args)) if trainer.fused_lm_head
-            else cross_entropy_bytes(head, trainer.labelled_logits, args.batched_clients > 1))
+            else cross_entropy_bytes(head, trainer.labelled_logits))
     activations = elements * size * rows * lengths
     kind = trainer.algorithm.local_optimizer.logits_pass
     curvature = 0 if kind is None else logits_pass_bytes(head, kind)

@@ -161,3 +161,30 @@ def test_the_built_algorithm_stays_out_of_the_settings(tmp_path, sft):
     copied = pickle.loads(pickle.dumps(cfg))  # as Trainer's training_args.bin
     assert "_built" not in vars(copied) and copied.to_dict() == cfg.to_dict()
     assert copied.built_algorithm().describe() == cfg.built_algorithm().describe()
+
+
+def test_pin_memory_is_set_off_only_where_no_accelerator_is_present(tmp_path, monkeypatch):
+    """Without an accelerator torch ignores pinning and warns on every loader; with one the setting is the user's."""
+    import torch
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    assert _config(tmp_path).dataloader_pin_memory is False  # TrainingArguments' default True, use_cpu unset
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    assert _config(tmp_path).dataloader_pin_memory is True
+    assert _config(tmp_path, dataloader_pin_memory=False).dataloader_pin_memory is False
+
+
+def test_evaluation_on_a_machine_without_an_accelerator_shows_no_pin_memory_warning(tmp_path, digits):
+    import warnings
+
+    import torch
+
+    from tests.helpers import config, digit_trainer, tiny_resnet
+
+    if torch.accelerator.is_available():
+        pytest.skip("checks a machine without an accelerator")
+    trainer = digit_trainer(tiny_resnet(), digits, config(tmp_path, use_cpu=False, num_rounds=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = trainer.evaluate()
+    assert "eval_loss" in metrics and not [str(w.message) for w in caught if "pin_memory" in str(w.message)]

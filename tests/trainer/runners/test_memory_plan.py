@@ -14,7 +14,7 @@ from fedhf.data.demo import load_tweets, tiny_llama
 from fedhf.core.sums import RoundSums
 from fedhf.trainer.hooks.compression import RESIDUAL
 from fedhf.runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
-from fedhf.trainer.runners.memory_plan import GIB
+from fedhf.trainer.runners.memory_plan import GIB, plan_text
 
 from tests.helpers import config, tiny_llama_lora, trainable_state, tweet_sft
 
@@ -43,7 +43,13 @@ def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, token
     everything = sum(p.numel() for p in trainer.model.parameters()) + sum(b.numel() for b in trainer.model.buffers())
     trainer.train()
     plan = trainer.memory_plan
-    assert "fedhf memory plan" in capsys.readouterr().out  # printed once, on the only process
+    printed = [line for line in capsys.readouterr().out.splitlines() if "memory plan" in line or "total" in line]
+    # printed once, on the only process; as one line at the default log level with no budget
+    assert printed == [plan.summary()] and f"{plan.total_bytes / 2**20:,.1f} MB in total (model" in printed[0]
+    trainer.args.log_level = "info"  # every row at info or debug (read per call: Trainer set nothing global here)
+    assert plan_text(plan, trainer.args) == str(plan) and len(str(plan).splitlines()) >= 16
+    trainer.args.log_level = "passive"
+    assert plan_text(plan, trainer.args) == plan.summary()
     assert plan.model_bytes == {"float32": 4 * everything}  # the tied embedding / lm_head counted once
     assert plan.trainable_bytes == 4 * lora_elements and plan.gradient_bytes == 4 * lora_elements * batched
     assert plan.adapter_copy_bytes == (0 if batched == 1 else 4 * lora_elements * batched)
@@ -57,14 +63,14 @@ def test_the_plan_counts_exactly_what_a_scaffold_adamw_run_holds(tmp_path, token
     assert plan.run_state_bytes == 2 * 4 * lora_elements
     # activations, by hand for this tiny Llama (L=2 layers, h=64, MLP i=128, V=30,522 logits; fp32; no
     # checkpointing): L (8 h + 4 i) + h elements per token, x 4 bytes x 4 rows x the longest row; the logits: V per
-    # logit position, 3 fp32 copies (4 for batched clients), at the labelled positions only (the 4 rows with the
+    # logit position, 3 fp32 copies per client, at the labelled positions only (the 4 rows with the
     # most labels after their first token)
     tokens = 4 * max(len(row) for row in sft["train"]["input_ids"])
     most_labels = sum(sorted(sum(label != -100 for label in row[1:]) for row in sft["train"]["labels"])[-4:])
     assert 0 < most_labels < tokens // 8
     assert len(tokenizer) == 30522 and trainer.model.config.intermediate_size == 128
     assert plan.activation_bytes == (2 * (8 * 64 + 4 * 128) + 64) * 4 * tokens * batched
-    assert plan.logits_bytes == (3 + (batched > 1)) * 30522 * 4 * most_labels * batched  # 1 more: per-row losses
+    assert plan.logits_bytes == 3 * 30522 * 4 * most_labels * batched
     assert plan.autocast_copy_bytes == 0  # fp32, no autocast
     # the round's float64 sums, measured on RoundSums itself: dx, SCAFFOLD's dc and AdamW's exp_avg_sq (its
     # Theta) per LoRA element; the plan counts Theta at the whole AdamW state (8 bytes + a step per tensor)
@@ -154,7 +160,7 @@ def test_the_store_row_counts_error_feedbacks_residuals(tmp_path, tokenizer, sft
     assert plain.memory_plan.client_store_bytes_per_client == 0
 
 
-def test_a_plan_over_the_budget_is_refused_before_anything_is_written(tmp_path, tokenizer, sft):
+def test_a_plan_over_the_budget_is_refused_before_anything_is_written(tmp_path, tokenizer, sft, capsys):
     trainer = _trainer(tmp_path, tokenizer, sft, batched_clients=2, memory_budget_gb=0.005, partition_report=True)
     before = trainable_state(trainer.model)
     with pytest.raises(ValueError, match="memory_budget_gb") as err:
@@ -167,7 +173,9 @@ def test_a_plan_over_the_budget_is_refused_before_anything_is_written(tmp_path, 
     assert all(torch.equal(before[n], after[n]) for n in before)
     # and the same run fits once the plan is under the budget
     fits = _trainer(tmp_path, tokenizer, sft, memory_budget_gb=trainer.memory_plan.total_bytes / GIB * 1.01)
+    capsys.readouterr()
     fits.train()
+    assert str(fits.memory_plan) in capsys.readouterr().out  # with a budget set, every row is printed
 
 
 def test_a_bad_budget_is_refused_by_the_config(tmp_path):
