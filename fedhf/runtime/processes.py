@@ -100,6 +100,14 @@ def value_of_the_main_process(value):
     return box[0]
 
 
+def wait_for_every_process() -> None:
+    """A barrier (nothing when torch.distributed is not initialised): e.g. before a resume reads the checkpoint
+    folder, which process 0 may still be writing at the end of the previous ``train()``."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 _teardown_registered = False
 
 

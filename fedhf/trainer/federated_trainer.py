@@ -44,7 +44,7 @@ from ..runtime.compiled_model import compile_resident, without_accelerate_compil
 from ..runtime.liger import apply_liger, check_liger
 from ..runtime.determinism import fix_thread_count
 from ..runtime.contiguous_head import feed_head_contiguously
-from ..runtime.processes import destroy_process_group_at_exit, process_world
+from ..runtime.processes import destroy_process_group_at_exit, process_world, wait_for_every_process
 from ..runtime.quantization import prepare_quantised_base
 from ..runtime.sharded import ShardedGathering, shard_resident_model, sharding_requested
 from ..sharing.plan import SharingPlan
@@ -190,7 +190,9 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
 
     def _train_rounds(self, resume_from_checkpoint, ignore_keys_for_eval) -> TrainOutput:
         args, start = self.args, time.time()
-        # 1. the checkpoint to resume, checked before any work (a fresh run overwrites no finished one)
+        # 1. the checkpoint to resume, checked before any work (a fresh run overwrites no finished one); every
+        # process looks once process 0, which writes the checkpoints, has finished the previous run's
+        wait_for_every_process()
         checkpoint = resolve_checkpoint(args.output_dir, resume_from_checkpoint)
         if checkpoint is None:
             refuse_to_overwrite(args.output_dir, args.overwrite_output_dir, HISTORY_FILE)

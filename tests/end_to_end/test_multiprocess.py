@@ -50,7 +50,7 @@ def _run_here(script) -> str:
     try:
         sys.argv = list(script)
         with contextlib.redirect_stdout(out):
-            runpy.run_path(script[0], run_name="__main__")
+            runpy.run_path(script[0], None, "__main__")  # (path, init_globals, run_name)
     finally:
         sys.argv = argv
         torch.set_num_threads(threads)

@@ -35,7 +35,7 @@ def _run(tmp_path, batched: int, backend=None):
     torch._dynamo.reset()
     model = get_peft_model(tiny_llama(100, num_layers=1), LoraConfig(
         r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM))
-    compile_settings = {} if backend is None else {"torch_compile_backend": backend}
+    compile_settings = {} if backend is None else {"torch_compile": True, "torch_compile_backend": backend}
     # 3 clients of 16 rows: with batched_clients=2, every round trains a chunk of 2 clients, then a chunk of 1
     args = config(tmp_path / f"{batched}{backend}", num_clients=3, clients_per_round=3, num_rounds=2, local_steps=2,
                   per_device_train_batch_size=4, per_device_eval_batch_size=4, batched_clients=batched,
@@ -68,3 +68,21 @@ def test_the_model_compiles_once_and_no_client_round_or_evaluation_recompiles_it
     for name in eager:  # the compiled model trains what the eager one does (it did train)
         assert not torch.equal(eager[name], initial[name])
         torch.testing.assert_close(compiled[name], eager[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_users_backend_and_mode_reach_compile(tmp_path):
+    """``torch_compile_backend`` and ``torch_compile_mode`` are what the resident model is compiled with (the call is
+    recorded: a mode such as "reduce-overhead" is for inductor's CUDA graphs)."""
+    from fedhf.runtime.compiled_model import compile_resident
+
+    class Recorded(torch.nn.Linear):
+        def compile(self, **kwargs):
+            self.compiled_with = kwargs
+
+    model = Recorded(2, 2)
+    compile_resident(model, config(tmp_path, torch_compile=True, torch_compile_backend="aot_eager",
+                                   torch_compile_mode="reduce-overhead"))
+    assert model.compiled_with == {"backend": "aot_eager", "mode": "reduce-overhead", "dynamic": None}
+    plain = Recorded(2, 2)
+    compile_resident(plain, config(tmp_path))
+    assert not hasattr(plain, "compiled_with")

@@ -46,3 +46,20 @@ def test_on_a_gpu_the_resident_model_runs_liger_kernels_and_trains(tmp_path):
     assert model.get_base_model().model.norm.forward.__func__ is LigerRMSNorm.forward  # patched in place
     trainer.train()
     assert torch.isfinite(torch.tensor(trainer.federated_history[-1]["train_loss"]))
+
+
+def test_liger_kernel_config_reaches_liger_as_trainer_passes_it(monkeypatch):
+    """``liger_kernel_config`` is handed to transformers' ``apply_liger_kernel`` unchanged (the kernels themselves
+    need a GPU: the call is recorded here instead)."""
+    import types
+
+    import transformers.integrations.liger as integration
+
+    from fedhf.runtime.liger import apply_liger
+
+    calls = []
+    monkeypatch.setattr(integration, "apply_liger_kernel", lambda model, config: calls.append((model, config)))
+    model, wanted = torch.nn.Linear(2, 2), {"rope": False, "swiglu": True}
+    apply_liger(model, types.SimpleNamespace(use_liger_kernel=True, liger_kernel_config=wanted))
+    apply_liger(model, types.SimpleNamespace(use_liger_kernel=False, liger_kernel_config=wanted))
+    assert calls == [(model, wanted)]
