@@ -64,11 +64,44 @@ class FSDPSettings:
     reshard_after_forward: bool = True
 
 
+#: The ``fsdp_config`` keys fedhf reads (Trainer strips a leading ``fsdp_``), and the keys TrainingArguments adds
+#: itself, accepted at the value it gives them (it has no other: any other value asks for what fedhf does not do).
+READ_KEYS = ("version", "transformer_layer_cls_to_wrap", "reshard_after_forward", "cpu_offload",
+             "activation_checkpointing")
+TRAINER_DEFAULTS = {"min_num_params": 0, "xla": False, "xla_fsdp_v2": False, "xla_fsdp_grad_ckpt": False,
+                    "auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+
+
+def unread_keys(fsdp_config) -> List[str]:
+    """The keys of ``fsdp_config`` that fedhf would not honour: neither read nor at Trainer's own default."""
+    return sorted(k for k, v in (fsdp_config or {}).items()
+                  if k not in READ_KEYS and not (k in TRAINER_DEFAULTS and v == TRAINER_DEFAULTS[k]))
+
+
+def check_fsdp_launch(args) -> None:
+    """``fsdp`` in a process that was not launched with others: refused with fedhf's fix before Trainer refuses it
+    with its own ("Using fsdp only works in distributed training"). On CPUs Trainer counts a launch as distributed
+    only with at least 2 processes; on GPUs a launcher's process of 1 is (world size 1 shards nothing, but runs)."""
+    from .processes import has_distributed_accelerator, launched_processes
+
+    launched = "WORLD_SIZE" in os.environ or (torch.distributed.is_available() and torch.distributed.is_initialized())
+    if not args.fsdp or (launched and (launched_processes() >= 2 or has_distributed_accelerator())):
+        return
+    raise ValueError("`fsdp` shards the model over the processes of a launch, and this process was not launched with "
+                     "others: run it with `torchrun --nproc_per_node N script.py` (N >= 2; on GPUs N >= 1) or "
+                     "`accelerate launch --config_file <an FSDP config> script.py`, or unset `fsdp`.")
+
+
 def fsdp_settings(args) -> FSDPSettings:
     """The FSDP settings of a run, from ``fsdp``/``fsdp_config`` (TrainingArguments turns them into
     ``fsdp_plugin_args``) or else from an ``accelerate launch`` FSDP config (its ``FSDP_*`` environment); refuses,
     naming the fix, what the round loop cannot honour."""
     if getattr(args, "fsdp", None):
+        unread = unread_keys(args.fsdp_config)
+        if unread:
+            raise ValueError(f"`fsdp_config` keys {unread} are not applied by fedhf, which reads only {list(READ_KEYS)} "
+                             "(FSDP2 units from the decoder layers, or the classes named in "
+                             "`transformer_layer_cls_to_wrap`; the model saved whole by fedhf's own gather): remove them.")
         plugin = dict(args.fsdp_plugin_args or {})
         version, offload = int(plugin.get("fsdp_version", 2)), bool(plugin.get("cpu_offload", False))
         checkpointing = bool(plugin.get("activation_checkpointing", False))
@@ -114,14 +147,24 @@ def gather_rows(local: torch.Tensor) -> torch.Tensor:
     return torch.cat([part[:n] for part, n in zip(parts, counts)])
 
 
+def decoder_layer_classes(model: torch.nn.Module) -> set:
+    """The model's own ``_no_split_modules`` (the decoder layers of a transformers model; of the base under peft)."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    return set(getattr(base, "_no_split_modules", None) or [])
+
+
 def transformer_layers(model: torch.nn.Module, class_names: Optional[Sequence[str]]) -> List[torch.nn.Module]:
     """The modules sharded as their own FSDP units: those whose class is named in ``class_names`` (the FSDP
     config's ``transformer_layer_cls_to_wrap``), by default the model's own ``_no_split_modules`` (the decoder
-    layers of a transformers model, as accelerate's TRANSFORMER_BASED_WRAP picks them)."""
-    names = set(class_names or [])
-    if not names:
-        base = getattr(model, "get_base_model", lambda: model)()
-        names = set(getattr(base, "_no_split_modules", None) or [])
+    layers of a transformers model, as accelerate's TRANSFORMER_BASED_WRAP picks them). A named class that no module
+    has is refused (as accelerate does): the root would be the only unit, gathered whole for every forward, and the
+    memory FSDP was asked to divide would not be divided."""
+    names = set(class_names or []) or decoder_layer_classes(model)
+    missing = sorted(set(class_names or []) - {type(m).__name__ for m in model.modules()})
+    if missing:
+        raise ValueError(f"`transformer_layer_cls_to_wrap` names {missing}, and the model has no module of that class: "
+                         f"name its layer class (this model's: {sorted(decoder_layer_classes(model))}), or leave it "
+                         "unset for the model's decoder layers.")
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
@@ -264,6 +307,7 @@ def shard_resident_model(model: torch.nn.Module, args, world) -> "ShardedModel |
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("`fsdp` shards the model over the processes of a launch, and this process was not "
                          "launched with others: run it with `torchrun --nproc_per_node N script.py` or "
-                         "`accelerate launch --config_file <an FSDP config> script.py` (N >= 1), or unset `fsdp`.")
+                         "`accelerate launch --config_file <an FSDP config> script.py` (N >= 2; on GPUs N >= 1), or "
+                         "unset `fsdp`.")
     settings = fsdp_settings(args)
     return ShardedModel(model, settings.layer_classes, settings.reshard_after_forward)

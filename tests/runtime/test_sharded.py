@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from fedhf.runtime import sharded
 from fedhf.runtime.sharded import chunk_rows
+from fedhf.trainer.config import federated_config
 from tests.end_to_end.test_multiprocess import TORCHRUN, _LAUNCH_TROUBLE
 from tests.helpers import config, tiny_llama_lora, tweet_trainer
 from tests.scripts.fsdp_run import out_file
@@ -121,12 +122,37 @@ def test_rows_are_chunked_as_fsdp_shards_them():
     assert torch.equal(torch.cat(chunks), torch.arange(10).reshape(5, 2))
 
 
+@pytest.mark.parametrize("fsdp_config", [{"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000000},
+                                         {"state_dict_type": "SHARDED_STATE_DICT"},
+                                         {"mixed_precision_policy": {"param_dtype": "bfloat16"}},
+                                         {"limit_all_gathers": True}, {"fsdp_backward_prefetch": "BACKWARD_PRE"}])
+def test_fsdp_config_keys_fedhf_does_not_apply_are_refused(tmp_path, monkeypatch, fsdp_config):
+    with pytest.raises(ValueError, match=r"`fsdp_config` keys .* are not applied by fedhf.*remove them"):
+        config(tmp_path, fsdp=True, fsdp_config=fsdp_config)
+    monkeypatch.setattr(federated_config, "check_fsdp_launch", lambda args: None)  # as a launched process sees it
+    read = {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "reshard_after_forward": False, "version": 2}
+    assert config(tmp_path, fsdp="full_shard", fsdp_config=read).client_parallel
+
+
+def test_a_layer_class_that_no_module_has_is_refused(tokenizer):
+    """A misspelt class would leave the root as the only FSDP unit (nothing divided), as accelerate refuses it."""
+    model = tiny_llama_lora(len(tokenizer))
+    assert len(sharded.transformer_layers(model, None)) == len(sharded.transformer_layers(model, ["LlamaDecoderLayer"]))
+    assert sharded.transformer_layers(model, None)
+    with pytest.raises(ValueError, match=r"\['NoSuchLayer'\].*LlamaDecoderLayer"):
+        sharded.transformer_layers(model, ["NoSuchLayer", "LlamaDecoderLayer"])
+
+
 def test_what_cannot_run_on_shards_is_refused_before_work(tmp_path, tweets, tokenizer, monkeypatch):
     with pytest.raises(ValueError, match="FSDP version 1 is not supported"):
         config(tmp_path, fsdp=True, fsdp_config={"version": 1})
     with pytest.raises(ValueError, match="activation_checkpointing"):
         config(tmp_path, fsdp=True, fsdp_config={"activation_checkpointing": True})
-    assert config(tmp_path, fsdp=True).client_parallel  # FSDP trains every client on all processes together
+    with pytest.raises(ValueError, match=r"N >= 2"):  # one process on a CPU: fedhf's message, not Trainer's
+        config(tmp_path, fsdp=True)
+    with monkeypatch.context() as launched:  # as a process of torchrun --nproc_per_node 2 sees it
+        launched.setattr(federated_config, "check_fsdp_launch", lambda args: None)
+        assert config(tmp_path, fsdp=True).client_parallel  # FSDP trains every client on all processes together
     # as `accelerate launch --config_file <an FSDP config>` starts the script (Trainer itself refuses `fsdp=True`
     # in a process that was not launched with others)
     monkeypatch.setattr(sharded, "LAUNCH_ENVIRONMENT", {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"})

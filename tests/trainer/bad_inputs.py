@@ -191,6 +191,9 @@ BAD_INPUTS = [
     Bad("`ddp_timeout` on a CPU run (transformers does not pass it to a CPU process group)", "ddp_timeout",
         _cfg(ddp_timeout=60)),
     Bad("`deepspeed` set", "deepspeed", _cfg(deepspeed="ds.json")),
+    Bad("`fsdp=True` in a process that was not launched with others (python script.py)", "fsdp", _cfg(fsdp=True)),
+    Bad("an `fsdp_config` key fedhf does not apply (`state_dict_type`)", "fsdp_config",
+        _cfg(fsdp=True, fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"})),
     # --- the model and the data (FederatedTrainer) ---
     Bad("`args` that is a plain TrainingArguments", "args", _plain_args, TypeError),
     Bad("a model with no trainable parameters", "peft", _frozen),

@@ -25,7 +25,7 @@ from ...corrections import CORRECTIONS
 from ...data.embedding_key import check_encoder
 from ...optim import LOCAL_OPTIMIZERS
 from ...runtime.processes import cpu_only_launch
-from ...runtime.sharded import fsdp_settings, sharding_requested
+from ...runtime.sharded import check_fsdp_launch, fsdp_settings, sharding_requested
 from ...server import AGGREGATORS, SERVER_RULES, SERVER_TRANSFORMS
 from ...sharing.plan import PRESETS, ParameterSharing
 from ...sync import STATE_SYNCS
@@ -307,6 +307,7 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
                              "fsdp_config.")
         if sharding_requested(self):  # FSDP2: one model over the processes, which train every client together
             fsdp_settings(self)  # refuses what the round loop cannot honour, naming the fix
+            check_fsdp_launch(self)  # fedhf's fix, before Trainer's own refusal of `fsdp` without a launch
             self.client_parallel = True
         check_batch_sizes(self)
         check_mixed_precision(self)
