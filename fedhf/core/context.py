@@ -49,6 +49,22 @@ class TrainedPart:
         return new if mask is None else torch.where(mask.bool(), new, old)
 
 
+class WholeTensors:
+    """How one process holds a round's tensors without FSDP: whole. Under FSDP each process holds its rows (dim 0)
+    of every tensor (fedhf/runtime/sharded.py's ShardedModel has the same three members): a component that needs
+    a whole matrix (a factorisation) gathers it and keeps its rows of the result, and counts what is whole once."""
+
+    rank = 0  # the process that counts what every process computes alike (bytes of a whole matrix)
+
+    @staticmethod
+    def gather(local: torch.Tensor) -> torch.Tensor:
+        return local
+
+    @staticmethod
+    def local_part(whole: torch.Tensor) -> torch.Tensor:
+        return whole
+
+
 @dataclass
 class ClientContext:
     client_id: int
@@ -65,6 +81,7 @@ class ClientContext:
     participants: Sequence[int] = ()  # the round's sampled clients S_r, in sampling order (all processes)
     num_clients: int = 0  # N
     trained: TrainedPart = field(default_factory=TrainedPart)  # what this client trains (default: everything)
+    layout: WholeTensors = field(default_factory=WholeTensors)  # whole tensors, or this process's rows (FSDP)
 
 
 @dataclass

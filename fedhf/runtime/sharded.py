@@ -18,8 +18,9 @@ The federated round runs on the local shards, never on whole tensors:
   hands each local gradient to its view, where clipping, the correction and an elementwise optimizer act;
 * what needs a norm over the whole tensor (clipping, the faulty-update check, the drift metric, the byte counts) sums
   its partial squares over processes (:meth:`total`), one small all-reduce;
-* what needs a whole matrix (Muon's Newton-Schulz, SOAP's eigenbases) gathers it, one matrix at a time
-  (:mod:`fedhf.optim.whole_matrices`); anything else that reads whole tensors is refused before any work
+* what needs a whole matrix (Muon's Newton-Schulz, SOAP's eigenbases, a low-rank state sync's factorisation)
+  gathers it, one matrix at a time (:mod:`fedhf.optim.whole_matrices`, :mod:`fedhf.sync.compressed` through
+  ``ClientContext.layout``); anything else that reads whole tensors is refused before any work
   (fedhf/trainer/config/combinations.py, group ``fsdp``).
 
 The round's sums are therefore per shard and complete on each process: no all-reduce of the sums, only of the
@@ -34,6 +35,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..core.context import WholeTensors
 from ..core.params import TensorDict
 from ..core.sums import RoundSums
 
@@ -99,9 +101,10 @@ def fsdp_settings(args) -> FSDPSettings:
     if getattr(args, "fsdp", None):
         unread = unread_keys(args.fsdp_config)
         if unread:
-            raise ValueError(f"`fsdp_config` keys {unread} are not applied by fedhf, which reads only {list(READ_KEYS)} "
-                             "(FSDP2 units from the decoder layers, or the classes named in "
-                             "`transformer_layer_cls_to_wrap`; the model saved whole by fedhf's own gather): remove them.")
+            raise ValueError(f"`fsdp_config` keys {unread} are not applied by fedhf, which reads only "
+                             f"{list(READ_KEYS)} (FSDP2 units from the decoder layers, or the classes named in "
+                             "`transformer_layer_cls_to_wrap`; the model saved whole by fedhf's own gather): "
+                             "remove them.")
         plugin = dict(args.fsdp_plugin_args or {})
         version, offload = int(plugin.get("fsdp_version", 2)), bool(plugin.get("cpu_offload", False))
         checkpointing = bool(plugin.get("activation_checkpointing", False))
@@ -284,7 +287,7 @@ class ShardedGathering:
         self.sharded.reduce_sums(sums)
 
 
-class NotSharded:
+class NotSharded(WholeTensors):
     """The same questions asked of a model that is not sharded: whole tensors, nothing to sum over processes."""
 
     active = False

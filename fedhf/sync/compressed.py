@@ -13,7 +13,13 @@ the factorisation that keeps their structure:
 * non-negative (Sophia's h): truncated SVD clamped at 0 -- a negative h would flip the sign of Sophia's step.
 
 1-D state is sent dense. Compression is nonlinear, so each client contributes its dense reconstruction to the
-sums (identical to the server reconstructing and averaging); the bytes reported are the compressed sizes. The
+sums (identical to the server reconstructing and averaging); the bytes reported are the compressed sizes.
+
+Under FSDP each process holds its rows of every Theta tensor (``ctx.layout``, fedhf/runtime/sharded.py), and a
+factorisation of rows is not one of the matrix (another rank, up to P r in all; SOAP's L, R would not even be
+square): each tensor is gathered whole, one at a time, every process factorises the same matrix alike and keeps
+its rows of the reconstruction, and process 0 alone counts the factorisation's bytes (the bytes of the round are
+summed over processes). The averaged Theta is one process's. The
 reference code passes ``args.beta1`` as c (0.9 in its README commands); here c is its own argument.
 """
 
@@ -70,8 +76,9 @@ class CompressedAverage(AverageWarmstart):
         self.fraction = float(fraction)
 
     def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
-        recon, floats = {}, 0
-        for key, tensor in theta.items():
-            recon[key], sent = low_rank(tensor, self.fraction, (kinds or {}).get(key, GENERAL))
+        recon, floats, layout = {}, 0, ctx.layout
+        for key, tensor in theta.items():  # under FSDP: one whole matrix at a time, this process's rows kept
+            whole, sent = low_rank(layout.gather(tensor), self.fraction, (kinds or {}).get(key, GENERAL))
+            recon[key] = layout.local_part(whole)
             floats += sent
-        return upload(ctx, recon, nbytes=4 * floats)
+        return upload(ctx, recon, nbytes=4 * floats if layout.rank == 0 else 0)  # counted once over processes

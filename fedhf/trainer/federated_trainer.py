@@ -56,6 +56,7 @@ from .config.clock_settings import sampled_per_round
 from .config.federated_config import FederatedConfig
 from .hooks.base import HookList, RoundHook
 from .runners.labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
+from .every_row_evaluation import EveryRowEvaluation
 from .hooks.round_features import round_hooks
 from .config.llm_guidance import warn_sgd_lr
 from .runners.local_steps import LocalSteps, faulty
@@ -70,7 +71,7 @@ from .config.settings import expose_rounds_to_callbacks, should_evaluate, should
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
+class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -104,6 +105,12 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         check_not_streaming(train_dataset, "train_dataset")
         check_liger(args)  # use_liger_kernel: a CUDA GPU and liger-kernel, or refused here (runtime/liger.py)
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        if sharding_requested(args):
+            # fedhf shards the model itself (fedhf/runtime/sharded.py); on GPUs accelerate holds an FSDP plugin too
+            # (not on CPUs), which would send Trainer's evaluation through accelerator.prepare(model) (refused by
+            # FSDP2 without an optimizer) and save_model through its own gather (nothing written under
+            # SHARDED_STATE_DICT). Trainer's plain paths evaluate the resident model and save fedhf's gather.
+            self.is_fsdp_enabled = False
         if (args.fp16_full_eval or args.bf16_full_eval) and not self.is_model_parallel and self.model_init is None:
             # Trainer leaves the model off the device for a full-precision-eval cast and moves it when train()
             # starts; the round loop's state is built here, on the model's device, so it moves now.

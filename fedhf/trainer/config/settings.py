@@ -21,7 +21,8 @@ _SPEED = "speed only: same results"
 SETTINGS: Dict[str, Tuple[str, str]] = {
     "output_dir": (HONOURED, "partition report, history, round checkpoints, save_model()"),
     "per_device_train_batch_size": (HONOURED, "rows per local step of a client"),
-    "per_device_eval_batch_size": (HONOURED, _TRAINER_OWN),
+    "per_device_eval_batch_size": (HONOURED, "Trainer's own; over several processes every process evaluates every "
+                                             "row in one process's batches (the metrics are one process's)"),
     "num_train_epochs": (REFUSED, "set `num_rounds` (R) and `local_steps` (K)"),
     "max_steps": (REFUSED, "set `num_rounds` (R) and `local_steps` (K)"),
     "learning_rate": (HONOURED, "peak local learning rate; over rounds it follows `round_lr_schedule`"),
@@ -110,7 +111,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "seed": (HONOURED, "client sampling, split, and per-(round, client) data/dropout streams"),
     "data_seed": (REFUSED, "client data order comes from `seed` per (round, client); leave it unset"),
     "use_cpu": (HONOURED, "accelerate's device choice"),
-    "accelerator_config": (NO_EFFECT, "the resident model is never wrapped by accelerate (no gradient sync)"),
+    "accelerator_config": (NO_EFFECT, "the resident model is never wrapped by accelerate (no gradient sync), and "
+                                      "evaluation is not split over processes (`even_batches` has nothing to pad)"),
     "parallelism_config": (REFUSED, "tensor/context parallelism of the resident model is not supported"),
     "dataloader_drop_last": (HONOURED, "a client skips its last partial batch when it has a full one"),
     "dataloader_num_workers": (HONOURED, "workers of each client's loader"),
@@ -131,10 +133,13 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "ddp_backend": (HONOURED, "the process group of the per-round all-reduce"),
     "ddp_timeout": (HONOURED, "the timeout of the per-round all-reduce's process group on GPU runs; with use_cpu "
                               "transformers does not pass it on, so a value other than 1800 is refused there"),
-    "fsdp": (HONOURED, "the resident model sharded with FSDP2 over the processes, which train every client "
+    "fsdp": (HONOURED, "the resident model sharded with FSDP2 over the processes (of a launch: on CPUs N >= 2, "
+                       "else refused), which train every client "
                        "together (client_parallel is set; fedhf/runtime/sharded.py, docs/scaling.md)"),
-    "fsdp_config": (HONOURED, "`transformer_layer_cls_to_wrap` (the FSDP units; default: the model's decoder layers) "
-                              "and `reshard_after_forward`; `version` must be 2; other keys are refused"),
+    "fsdp_config": (HONOURED, "`transformer_layer_cls_to_wrap` (the FSDP units; default: the model's decoder layers; "
+                              "a class no module has is refused) and `reshard_after_forward`; `version` must be 2; "
+                              "other keys (`auto_wrap_policy`, `min_num_params`, `state_dict_type`, "
+                              "`mixed_precision_policy`, ...) are refused"),
     "deepspeed": (REFUSED, "DeepSpeed's engine owns the optimizer step and the parameters (ZeRO partitions them "
                            "behind its own hooks), while the round loop must load, read and step each client's "
                            "tensors itself; use `fsdp` to shard the model instead"),

@@ -82,7 +82,9 @@ class VirtualClock(RoundHook):
         if self.on:
             self.profiles = profiles_of(args)
             self.tokens = tokens_per_round(trainer)
-            dense = float(sum(t.numel() * t.element_size() for t in trainer.plan.params.values()))
+            # the whole model's bytes: under FSDP plan.params are this process's shards, summed over processes
+            dense = float(trainer.shards.total(torch.tensor(float(sum(t.numel() * t.element_size()
+                                                                       for t in trainer.plan.params.values())))))
             self.uplink_bytes = self.downlink_bytes = dense
 
     def _finish_time(self, cid: int) -> float:

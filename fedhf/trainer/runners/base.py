@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 from ...core.context import ClientContext, TrainedPart
 from ...core.params import load_into, num_bytes
 from ...core.sums import RoundSums
-from .client_parallel import accumulate_shards
+from ...core.schedule import stream_seed
+from .client_parallel import ForwardStream, accumulate_shards, all_reduce_gradients
 
 
 class Runner:
@@ -57,7 +58,7 @@ class Runner:
             local_steps=args.local_steps, weight=trainer.client_data.weight(cid), params=trainer.plan.params,
             global_params=run.global_params, correction_state=run.correction_state, store=trainer.client_store,
             sync_state=run.sync_state, participants=clients, num_clients=args.num_clients,
-            trained=TrainedPart(trainer.plan.frozen_now(), trainer.plan.masks(cid)))
+            trained=TrainedPart(trainer.plan.frozen_now(), trainer.plan.masks(cid)), layout=trainer.shards)
 
     def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
         raise NotImplementedError
@@ -90,17 +91,29 @@ class SequentialClients(Runner):
 
 
 class ClientParallelClients(SequentialClients):
-    """Every process trains the client; each micro-batch is split in row shards over the processes."""
+    """Every process trains the client; each micro-batch is split in row shards over the processes, whose forwards
+    draw from this process's own stream of the client (seeded per client, round and process)."""
+
+    FORWARD_STREAM = 5  # stream_seed's key of the shards' forwards (1: the client's shared stream, 2-3: its data)
+
+    def local_steps(self, ctx: ClientContext, optimizer) -> float:
+        trainer = self.trainer
+        seed = stream_seed(trainer.args.seed, ctx.round, ctx.client_id, self.FORWARD_STREAM, trainer.world.rank)
+        self.stream = ForwardStream(seed, trainer.model_device)
+        return super().local_steps(ctx, optimizer)
+
+    def reduce(self, params, loss: float) -> float:
+        return all_reduce_gradients(params, loss)
 
     def backward(self, micro: List[List[dict]]) -> list:
-        return [accumulate_shards(self.trainer, micro[0])]
+        return [accumulate_shards(self.trainer, micro[0], self.reduce, self.stream)]
 
 
-class ShardedClients(SequentialClients):
+class ShardedClients(ClientParallelClients):
     """Client-parallel over an FSDP2-sharded model: FSDP sums the gradients into each process's shards."""
 
-    def backward(self, micro: List[List[dict]]) -> list:
-        return [accumulate_shards(self.trainer, micro[0], self.trainer.shards.step_gradients)]
+    def reduce(self, params, loss: float) -> float:
+        return self.trainer.shards.step_gradients(params, loss)
 
 
 def choose_runner(trainer) -> Runner:

@@ -14,7 +14,15 @@ every process reads the client's full batches from the same seeded stream. The s
 gradient of the union's mean, as :meth:`fedhf.trainer.runners.local_steps.LocalSteps.accumulate` computes it on one process; the result
 differs from one process only by float rounding (the base runs on smaller batches, the sum is a reduction).
 Curvature passes of the optimizer (Sophia's probe, FOOF's statistics) run on the full batches on every process,
-identically (same seeds).
+identically (same seeds: the client's stream, which every process seeds alike). The shards' forwards draw from
+their own stream instead, one per process (:class:`ForwardStream`): dropout, NEFTune's noise and any other draw
+of a forward differ between row shards, as they differ between the rows of one process's batch, and the shared
+stream stays equal on every process whatever the shards' sizes (a draw's length follows its shard's).
+
+Under FSDP every process must run every micro-batch's forward and backward (its all-gathers and reduce-scatters
+pair them up): a process whose shard is empty or has no label token (a client's short last batch of fewer rows
+than processes) runs a stand-in instead, a labelled row of the micro-batch weighted 0, which adds nothing to the
+gradient or the loss. The union's weighting is untouched, so the result is still one process's.
 
 Counted once: every process ends the round with the same client messages, so only process 0 adds them to the
 round's sums (the others add into a sums object that is dropped); the round's all-reduce then carries each client
@@ -29,7 +37,9 @@ process's shards, in place of :func:`all_reduce_gradients`.
 
 from __future__ import annotations
 
-from typing import Dict, List
+import math
+from contextlib import contextmanager, nullcontext
+from typing import Dict, List, Optional
 
 import torch
 
@@ -42,26 +52,64 @@ def shard(batch: Dict[str, torch.Tensor], rank: int, size: int) -> Dict[str, tor
             for k, v in batch.items()}
 
 
-def accumulate_shards(trainer, micro_batches: List[dict], reduce=None) -> float:
+class ForwardStream:
+    """This process's random stream for the forwards of its row shards, kept apart from the client's shared stream
+    (the global generator, which curvature draws read and which must stay equal on every process): :meth:`drawing`
+    swaps it in around a forward and backward and keeps where it got to. ``device``: the model's (a CUDA model
+    draws its dropout from that device's generator)."""
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=self.devices):
+            torch.manual_seed(seed)
+            self.state = self._capture()
+
+    def _capture(self):
+        return torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self.devices]
+
+    @contextmanager
+    def drawing(self):
+        with torch.random.fork_rng(devices=self.devices):  # the shared stream is as it was afterwards
+            cpu, devices = self.state
+            torch.set_rng_state(cpu)
+            for d, state in zip(self.devices, devices):
+                torch.cuda.set_rng_state(state, d)
+            yield
+            self.state = self._capture()
+
+
+def labelled_row(batch: Dict[str, torch.Tensor], shifted: bool) -> Dict[str, torch.Tensor]:
+    """A one-row batch of the first row with an item (a label token, after a causal LM's shift; any row when
+    labels are per row): a forward whose loss is finite, for a process whose own shard has nothing to run."""
+    labels, row = batch.get("labels"), 0
+    if torch.is_tensor(labels) and labels.ndim >= 2:
+        kept = (labels[..., 1:] if shifted else labels).ne(-100).reshape(labels.shape[0], -1).any(dim=1)
+        row = int(kept.nonzero()[0])
+    return {k: v[row:row + 1] if torch.is_tensor(v) and v.dim() > 0 else v for k, v in batch.items()}
+
+
+def accumulate_shards(trainer, micro_batches: List[dict], reduce=None, stream: Optional[ForwardStream] = None) -> float:
     """This process's shards of the step's micro-batches, weighted by their share of the union's items, then
     the gradients and loss summed over processes (``reduce(params, loss)``: by default one all-reduce of the
     gradients; under FSDP its own reduce-scatter, fedhf/runtime/sharded.py). Returns the union's loss (the same
-    on every process)."""
+    on every process). ``stream``: this process's forward stream (:class:`ForwardStream`)."""
     world, shifted = trainer.world, trainer._loss_shifts_labels
     total = sum(loss_items(batch, shifted) for batch in micro_batches)
     loss = 0.0
     for batch in micro_batches:
+        if loss_items(batch, shifted) == 0:  # nothing to learn in the whole micro-batch: every process skips it,
+            continue  # as one process does (its mean would be NaN)
         part = shard(batch, world.rank, world.size)
         n = loss_items(part, shifted)
+        divisor = total / n if n else math.inf  # the divisor inf weights a loss 0 (its gradient too)
         if n == 0:  # an empty shard, or nothing to learn from: its mean would be NaN
-            if trainer.shards.active:  # FSDP's collectives need every process in every forward and backward
-                raise ValueError(f"A row shard of a micro-batch has no {'label token' if shifted else 'row'} to "
-                                 "learn from on this process, and FSDP needs every process to run every micro-batch: "
-                                 "raise per_device_train_batch_size (at least the number of processes) or drop "
-                                 "fully masked rows from the data.")
-            continue
-        trainer.current_gradient_accumulation_steps = total / n
-        loss += float(trainer.training_step(trainer.model, part))
+            if not trainer.shards.active:
+                continue
+            part = labelled_row(batch, shifted)  # FSDP's collectives need every process in every forward
+        trainer.current_gradient_accumulation_steps = divisor
+        with stream.drawing() if stream is not None else nullcontext():
+            loss += float(trainer.training_step(trainer.model, part))
     trainer.current_gradient_accumulation_steps = 1
     return (reduce or all_reduce_gradients)(trainer.plan.trained(), loss)
 
