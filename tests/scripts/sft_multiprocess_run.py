@@ -52,7 +52,7 @@ def main(out_dir: str, spec: str) -> None:
     if trainer.is_world_process_zero():
         state = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
         last = trainer.federated_history[-1]
-        # evaluate() gathers over the processes (each evaluates half the held-out rows): the same loss as one
+        # every process evaluates every held-out row (fedhf/trainer/every_row_evaluation.py): the same loss as one
         state.update({f"history.{k}": torch.tensor(float(last[k]), dtype=torch.float64)
                       for k in ("eval_loss", "participants")})
         save_file(state, out_file(out_dir, spec))

@@ -89,7 +89,8 @@ def labelled_row(batch: Dict[str, torch.Tensor], shifted: bool) -> Dict[str, tor
     return {k: v[row:row + 1] if torch.is_tensor(v) and v.dim() > 0 else v for k, v in batch.items()}
 
 
-def accumulate_shards(trainer, micro_batches: List[dict], reduce=None, stream: Optional[ForwardStream] = None) -> float:
+def accumulate_shards(trainer, micro_batches: List[dict], reduce=None,
+                      stream: Optional[ForwardStream] = None) -> float:
     """This process's shards of the step's micro-batches, weighted by their share of the union's items, then
     the gradients and loss summed over processes (``reduce(params, loss)``: by default one all-reduce of the
     gradients; under FSDP its own reduce-scatter, fedhf/runtime/sharded.py). Returns the union's loss (the same

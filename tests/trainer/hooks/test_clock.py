@@ -130,6 +130,7 @@ def test_fedbuff_sums_stale_changes_weighted_and_state_changes_once(tmp_path):
     from types import SimpleNamespace
 
     from fedhf.core.sums import RoundSums
+    from fedhf.runtime.sharded import NotSharded
     from fedhf.simulation import InFlight
     from fedhf.trainer.hooks.clock import VirtualClock
     from fedhf.state.run import RunState
@@ -137,7 +138,8 @@ def test_fedbuff_sums_stale_changes_weighted_and_state_changes_once(tmp_path):
     args = FederatedConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_clients=4,
                            clients_per_round=2, clock_profile="uniform", round_policy="fedbuff")
     trainer = SimpleNamespace(args=args, train_dataset=None, client_partitions=[[0]] * 4,
-                              plan=SimpleNamespace(params={"w": torch.zeros(2)}), model_device=torch.device("cpu"))
+                              plan=SimpleNamespace(params={"w": torch.zeros(2)}), model_device=torch.device("cpu"),
+                              shards=NotSharded())
     clock = VirtualClock(trainer)
     clock.in_flight = [InFlight(0, 0, 4.0), InFlight(1, 2, 3.0), InFlight(2, 3, 9.0)]
     clock.reports = {c: ({"dx.w": torch.tensor([1.0, 2.0]) * (c + 1), "w": torch.tensor(1.0),

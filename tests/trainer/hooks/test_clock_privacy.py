@@ -17,6 +17,7 @@ from datasets import Dataset
 
 from fedhf import FederatedConfig, RoundHook
 from fedhf.privacy import PrivacyAccountant, calibrate_noise, clip_jointly
+from fedhf.runtime.sharded import NotSharded
 from fedhf.simulation import available_clients
 from fedhf.trainer.hooks.clock import VirtualClock
 from fedhf.trainer.hooks.privacy import Privacy, full_items, protected
@@ -151,7 +152,7 @@ def test_a_poisson_deadline_under_dp_keeps_every_report_in_time(tmp_path):
                       dp_noise_multiplier=1.0)
         trainer = types.SimpleNamespace(args=args, train_dataset=Dataset.from_dict({"label": list(range(5))}),
                                         client_partitions=[[c] for c in range(5)],
-                                        plan=types.SimpleNamespace(params={"w": torch.zeros(10)}))
+                                        plan=types.SimpleNamespace(params={"w": torch.zeros(10)}), shards=NotSharded())
         run = types.SimpleNamespace(rounds_done=0, started=[0, 1, 2, 3, 4])
         kept[sampling] = VirtualClock(trainer).select_clients(trainer, run, [0, 1, 2, 3, 4])
         assert run.started == [0, 1, 2, 3, 4]  # every client began; the late ones then dropped
@@ -164,7 +165,7 @@ def test_offline_clients_never_began_but_a_client_dropped_by_a_hook_did(tmp_path
     args = config(tmp_path, num_clients=5, clients_per_round=5, clock_profile="uniform", clock_availability=0.5)
     trainer = types.SimpleNamespace(args=args, train_dataset=Dataset.from_dict({"label": list(range(5))}),
                                     client_partitions=[[c] for c in range(5)],
-                                    plan=types.SimpleNamespace(params={"w": torch.zeros(10)}))
+                                    plan=types.SimpleNamespace(params={"w": torch.zeros(10)}), shards=NotSharded())
     clock = VirtualClock(trainer)
     online = available_clients(args.seed, 0, [0, 1, 2, 3], clock.profiles)
     assert 0 < len(online) < 4  # seed 0's round 1 has clients offline
