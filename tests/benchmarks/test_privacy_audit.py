@@ -1,7 +1,11 @@
-"""benchmarks/privacy_audit.py, small: through fedhf's own privacy hook, the epsilon lower bound of every honest mode
-(central, adaptive, distributed) stays below the epsilon the accountant claims, and both planted breaks (noise from
-a seed the auditor knows, clients clipping at 2C under noise calibrated for C) are caught above it; the bound and
-the claim match hand computations."""
+"""benchmarks/privacy_audit.py, small: canary clients through a real multi-round FederatedTrainer run (fedhf's own
+secret, noise, sampling, accountant) and one-round trials through fedhf's privacy hook; every honest mode's epsilon
+lower bound stays below the epsilon fedhf reports, and each planted regression (the uncentred adaptive-clipping
+bit, the secret from the printed seed, an accountant without the replace-one factor 2) pushes it above.
+
+The noise comes from the operating system's entropy, so the numbers change from run to run: the whole-run bounds
+are taken at 99.9 % confidence (an honest mode crosses its claim about once in 10^4 runs), and the trial counts
+are sized so that each planted bound clears its claim by a margin several times its spread."""
 
 from __future__ import annotations
 
@@ -11,58 +15,99 @@ import sys
 from pathlib import Path
 
 import dp_accounting
-import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "privacy_audit.py"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def audit():
-    spec = importlib.util.spec_from_file_location("privacy_audit", SCRIPT)
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("privacy_audit", BENCHMARKS / "privacy_audit.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     yield module
-    sys.modules.pop(spec.name, None)
+    for name in ("privacy_audit", "privacy_audit_run", "privacy_audit_planted"):
+        sys.modules.pop(name, None)
+    sys.path.remove(str(BENCHMARKS))
 
 
-def test_honest_modes_stay_below_their_claim_and_both_planted_breaks_are_caught(audit):
-    # honest modes need few trials to show lb < claim; the planted ones need 2,000 per world to rise above it
-    trials = {"central": 1000, "adaptive": 1000, "distributed": 1000, "planted_seed": 1000, "planted_sens": 4000}
-    results = audit.run_audit(trials, cohort=4, seed=0, log=lambda line: None)
-    claim = results["central"]["claim"]
-    assert 2.0 < claim < 2.6  # z = 1 at delta = 1e-2, one unamplified round
-    for mode in audit.HONEST:
-        assert results[mode]["claim"] == pytest.approx(claim)  # the hook accounts z = 1 in every mode
-        assert results[mode]["lb"] < claim, (mode, results[mode])
-    assert results["planted_seed"]["false_positives"] == results["planted_seed"]["false_negatives"] == 0
-    for mode in audit.PLANTED:
-        assert results[mode]["lb"] > results[mode]["claim"] == pytest.approx(claim), (mode, results[mode])
-    line = audit.summary_line(results)
-    assert line.startswith("privacy_audit central=") and "planted_sens=" in line.split()[-1]
+@pytest.fixture(scope="module")
+def whole_runs(audit):
+    canaries = {"central": 400, "adaptive": 400, "distributed": 100, "planted_seed": 200,
+                "planted_accountant": 400, "central_replayed": 200}
+    return audit.run_modes(canaries, seed=0, confidence=0.999)
 
 
-def test_a_known_seed_is_subtracted_exactly_and_never_errs(audit):
-    # seed 2: the subtraction leaves one score in several float64 roundings; a threshold between two of them erred
-    result = audit.audit("planted_seed", trials=1000, cohort=4, seed=2)
-    assert result["false_positives"] == result["false_negatives"] == 0
-    upper = 1 - 0.025 ** (1 / 250)  # Clopper-Pearson's upper end for 0 errors of 250, two-sided 95 %
-    assert result["lb"] == pytest.approx(math.log((1 - audit.DELTA - upper) / upper), rel=1e-9)
+@pytest.mark.parametrize("mode", ["central", "adaptive", "distributed", "central_replayed"])
+def test_an_honest_run_stays_below_the_epsilon_its_history_reports(whole_runs, mode):
+    result = whole_runs[mode]
+    assert result["rounds"] == 4 and result["lb"] > 0, result  # the canaries are seen, four rounds reported
+    assert result["lb"] < result["claim"], result
 
 
-def test_perfectly_separated_scores_give_the_clopper_pearson_bound_by_hand(audit):
-    n = 400  # per world; 200 choose the threshold, 200 measure it
-    without, with_ = np.arange(n, dtype=float), np.arange(n, dtype=float) + 10 * n
-    lb, detail = audit.epsilon_lower_bound(without, with_)
-    upper = 1 - 0.025 ** (1 / (n // 2))  # Clopper-Pearson's upper end for 0 errors of 200, two-sided 95 %
-    assert detail["false_positives"] == detail["false_negatives"] == 0
-    assert lb == pytest.approx(math.log((1 - audit.DELTA - upper) / upper), rel=1e-9)
-    assert audit.epsilon_lower_bound(without, without.copy())[0] == 0.0  # the same scores: nothing to bound
+def test_the_secret_from_the_printed_seed_is_caught_by_replaying_the_run(whole_runs):
+    seed, honest = whole_runs["planted_seed"], whole_runs["central_replayed"]
+    assert seed["claim"] == pytest.approx(whole_runs["central"]["claim"])  # the accountant is not touched
+    assert seed["mu_lo"] == 40.0 and seed["lb"] > seed["claim"], seed  # the replay subtracted the noise exactly
+    assert honest["mu_hat"] < 3.0, honest  # against the honest secret the same replay only adds noise
 
 
-def test_the_claim_is_the_unamplified_gaussian_mechanism(audit):
+def test_an_accountant_that_under_reports_is_caught(whole_runs):
+    planted, honest = whole_runs["planted_accountant"], whole_runs["central"]
+    assert planted["claim"] < honest["claim"] / 2  # the history reports the under-count (about 3.7 for 8.2)
+    assert planted["lb"] > planted["claim"], planted
+
+
+def test_the_reported_claim_of_an_honest_run_is_the_composed_replace_one_gaussian(whole_runs, audit):
+    from dp_accounting.rdp import RdpAccountant
+
+    run = audit.whole_run
+    direct = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    direct.compose(dp_accounting.GaussianDpEvent(run.NOISE_MULTIPLIER / 2), run.ROUNDS)
+    assert whole_runs["central"]["claim"] == pytest.approx(direct.get_epsilon(run.DELTA), rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def units(audit):
+    trials = {"central": 1000, "distributed": 500, "adaptive": 12000, "planted_bit": 12000, "planted_sens": 3000}
+    return audit.unit_modes(trials, cohort=8, seed=0)
+
+
+@pytest.mark.parametrize("mode", ["central", "distributed", "adaptive"])
+def test_an_honest_round_stays_below_its_reported_claim(units, mode):
+    assert units[mode]["lb"] < units[mode]["claim"], units[mode]
+
+
+@pytest.mark.parametrize("mode", ["planted_bit", "planted_sens"])
+def test_a_planted_round_is_caught_above_its_reported_claim(units, mode):
+    assert units[mode]["lb"] > units[mode]["claim"], units[mode]
+
+
+def test_the_unit_claim_is_the_unamplified_gaussian_mechanism(units, audit):
     direct = PLDAccountant(value_discretization_interval=1e-3)
-    direct.compose(dp_accounting.GaussianDpEvent(1.3))
-    assert audit.claimed_epsilon(1.3, cohort=7) == pytest.approx(direct.get_epsilon(audit.DELTA), rel=1e-6)
+    direct.compose(dp_accounting.GaussianDpEvent(audit.NOISE_MULTIPLIER))
+    assert units["central"]["claim"] == pytest.approx(direct.get_epsilon(audit.DELTA), rel=1e-6)
+    assert units["planted_bit"]["claim"] == pytest.approx(units["central"]["claim"])  # the bug is not accounted
+
+
+def test_the_summary_line_names_every_mode(whole_runs, units, audit):
+    line = audit.summary_line({**whole_runs, "planted_bit": units["planted_bit"]})
+    names = [field.split("=")[0] for field in line.split()[1:]]
+    assert line.startswith("privacy_audit_run ") and names == list(audit.LINE)
+
+
+def test_each_switch_reaches_the_function_fedhf_calls_and_puts_it_back(audit):
+    planted = sys.modules["privacy_audit_planted"]
+    hook, accountant = audit.privacy_hook, sys.modules["fedhf.privacy.accountant"]
+    with planted.planted("planted_seed", seed=7):
+        assert hook.draw_secret(False, 7) == 7
+    assert hook.draw_secret(False, 7) != 7  # the operating system's secret again
+    with planted.planted("planted_bit"):
+        assert hook.centred_bit(0.5, 1.0) == 1.0
+    assert hook.centred_bit(0.5, 1.0) == 0.5
+    with planted.planted("planted_accountant"):
+        assert accountant.PrivacyAccountant(1.0, 1e-5, "fixed", 300, 10).epsilon(12) < 3.0
+    assert accountant.PrivacyAccountant(1.0, 1e-5, "fixed", 300, 10).epsilon(12) > 10.0
