@@ -346,3 +346,27 @@ def test_trls_sft_trainer_with_batched_clients_is_refused_naming_the_fix(tmp_pat
     with pytest.raises(ValueError, match="compute_loss.*SFTTrainer.*batched_clients=1"):
         # a copy: trl sets the eos_token on the tokenizer it is given (the session's tokenizer is shared)
         FederatedSFTTrainer(model=model, args=args, train_dataset=data, processing_class=copy.deepcopy(tokenizer))
+
+
+def test_a_chunks_dropout_draws_new_masks_at_every_local_step(tmp_path):
+    """LoRA dropout 0.5, 2 clients trained together for 4 steps: each step's mask is a new draw (not the first
+    step's replayed), the clients' blocks differ, and about half the entries drop."""
+    from datasets import Dataset
+    from transformers import default_data_collator
+
+    from fedhf.data.demo import tiny_llama
+
+    model = get_peft_model(tiny_llama(64), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj"],
+                                                      task_type=TaskType.CAUSAL_LM))
+    dropout = model.base_model.model.model.layers[0].self_attn.q_proj.lora_dropout["default"]
+    masks = []
+    dropout.register_forward_hook(lambda m, i, o: masks.append((o == 0) & (i[0] != 0)) if m.training else None)
+    ids = torch.randint(1, 64, (16, 16), generator=torch.Generator().manual_seed(0)).tolist()
+    data = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 16] * 16, "labels": ids})
+    args = config(tmp_path, num_clients=2, clients_per_round=2, num_rounds=1, local_steps=4, batched_clients=2,
+                  per_device_train_batch_size=4, partition="iid", learning_rate=0.05, partition_report=False)
+    FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator).train()
+    assert len(masks) == 4 and all(m.shape[0] == 8 for m in masks)  # one shared pass per step, 2 x 4 rows
+    assert not any(torch.equal(masks[a], masks[b]) for a in range(4) for b in range(a + 1, 4))
+    assert not any(torch.equal(m[:4], m[4:]) for m in masks)
+    assert all(abs(float(m.float().mean()) - 0.5) < 0.03 for m in masks)
