@@ -189,3 +189,21 @@ def test_fedbuff_times_a_refill_with_one_clients_download_not_the_dispatch_over_
     assert times[:3] == pytest.approx([one_round] * 3, rel=1e-12)  # the 6 first dispatches, 2 per update
     assert staleness[:3] == [0, 1, 2]
     assert times[3] == pytest.approx(2 * one_round, rel=1e-9) and staleness[3] == 2  # dispatched at update 1
+
+
+def test_a_run_the_budget_stops_evaluates_its_last_round_and_its_card_says_the_rounds_run(digits, tmp_path):
+    dense = sum(p.numel() * 4 for p in tiny_resnet().parameters())
+    first_round = dense / (20 * MBPS) + 2 * 16 / 2000.0 + dense / (5 * MBPS)  # as the first test computes it
+    model = tiny_resnet()
+    args = config(tmp_path / "budget", num_clients=6, clients_per_round=3, num_rounds=4, local_steps=2,
+                  clock_profile="uniform", clock_budget_s=1.5 * first_round, eval_every_rounds=0)
+    trainer = digit_trainer(model, digits, args)
+    trainer.train()
+    history = trainer.federated_history
+    assert [h["round"] for h in history] == [1, 2]  # round 2 reaches 1.5 rounds' seconds
+    assert "eval_loss" not in history[0] and "eval_accuracy" in history[1]  # evaluated as a last round is
+    trainer.save_model(str(tmp_path / "final"))
+    card = (tmp_path / "final" / "README.md").read_text()
+    assert (f"| rounds (R) | 2 (of 4 planned; stopped by `clock_budget_s`={1.5 * first_round:g}, reached at "
+            f"{history[1]['sim_time_s']:.1f} simulated seconds) |") in card
+    assert f"final eval_accuracy (saved model, round 2) | {history[1]['eval_accuracy']:.4f}" in card
