@@ -19,7 +19,9 @@ meets them:
   (a compressed downlink returns its encoded size; fedhf/trainer/hooks/compression.py).
 * ``on_client_message(trainer, ctx, sent) -> sent``: one client's messages (:class:`ClientMessages`) after its local
   steps and before they enter the round's sums; a hook may return other messages (compression, local noise) and
-  the uplink counts what the last hook returns. Not called for an excluded client.
+  the uplink counts what the last hook returns. Not called for an excluded client. It runs on the process that
+  trained the client, under FSDP with this process's rows (fedhf/trainer/hooks/process_totals.py: what it sees,
+  and the totals over shards and processes).
 * ``after_sums(trainer, run, sums)``: the round's sums after the all-reduce, before the server update (central
   noise, the decoding of a secure aggregation); the hook may change them in place.
 * ``after_aggregate(trainer, run, sums, entry)``: after the server update, with the new global model in the resident
