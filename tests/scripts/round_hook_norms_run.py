@@ -1,4 +1,4 @@
-"""examples/round_hook_update_norms.py under 1 or 2 processes, for test_round_hook_processes.py:
+"""examples/round_hook_update_norms.py under 1 or 2 processes, for test_process_totals.py:
 
     torchrun --standalone --nproc_per_node 2 tests/scripts/round_hook_norms_run.py OUT_DIR
 
