@@ -370,3 +370,56 @@ def test_a_chunks_dropout_draws_new_masks_at_every_local_step(tmp_path):
     assert not any(torch.equal(masks[a], masks[b]) for a in range(4) for b in range(a + 1, 4))
     assert not any(torch.equal(m[:4], m[4:]) for m in masks)
     assert all(abs(float(m.float().mean()) - 0.5) < 0.03 for m in masks)
+
+
+def _half_labelled_rows(n: int = 60):
+    """Rows of 16 random tokens, the first 8 unlabelled (prompt-like), the last 8 labelled."""
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    ids, labels = [], []
+    for _ in range(n):
+        k = int(torch.randint(16, 17, (), generator=g))
+        row = torch.randint(1, 128, (k,), generator=g).tolist()
+        ids.append(row)
+        labels.append([-100] * (k // 2) + row[k // 2:])
+    return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 16] * n, "labels": labels})
+
+
+def _pooled_muon_run(tmp_path, batched: int, marker: str = "") -> dict:
+    """fedpac_muon with the Newton-Schulz pool, a tiny untied Llama with LoRA on 4 modules, clients of 3 and 11 rows,
+    2 local steps (REVIEW B.10's setting)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, default_data_collator
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                                        tie_word_embeddings=False, pad_token_id=0, bos_token_id=None,
+                                        eos_token_id=None))
+    torch.manual_seed(1)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, task_type=TaskType.CAUSAL_LM,
+                                            target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"]))
+    args = config(tmp_path / f"pool{batched}{marker}", algorithm="fedpac_muon", learning_rate=1e-3, num_clients=2,
+                  clients_per_round=2, num_rounds=1, local_steps=2, max_grad_norm=0.0, per_device_train_batch_size=4,
+                  batched_clients=batched, partition="iid", partition_report=False,
+                  local_optimizer_kwargs={"newton_schulz": "batched"})
+    FederatedTrainer(model=model, args=args, train_dataset=_half_labelled_rows(), data_collator=default_data_collator,
+                     client_partitions=[list(range(3)), list(range(3, 14))]).train()
+    return trainable_state(model)
+
+
+def test_the_newton_schulz_pool_equals_sequential_clients_to_the_documented_tolerance(tmp_path, monkeypatch):
+    """docs/scaling.md: with float32-accumulated products (default_matmul's choice on CPUs without bfloat16 matmul
+    units) the pooled call is batch-invariant here, bit for bit; with bfloat16 matmuls (GPUs, AVX512-BF16 / AMX
+    CPUs) it is not, and a chunk is within 1e-3 of sequential clients after these 2 steps."""
+    from fedhf.optim import muon_batched, newton_schulz_pool
+
+    if muon_batched.default_matmul(torch.device("cpu")) == "bfloat16":
+        sequential, together = _pooled_muon_run(tmp_path, 1), _pooled_muon_run(tmp_path, 2)
+        for name in sequential:
+            torch.testing.assert_close(together[name], sequential[name], rtol=0, atol=1e-3, msg=name)
+    for module in (muon_batched, newton_schulz_pool):  # float32-accumulated products, whatever this CPU has
+        monkeypatch.setattr(module, "default_matmul", lambda device: "float32_accumulate")
+    exact = [_pooled_muon_run(tmp_path, b, marker="f32") for b in (1, 2)]
+    assert all(torch.equal(exact[0][n], exact[1][n]) for n in exact[0])
+
