@@ -4,7 +4,9 @@ fedhf calls a hook at each event of its round loop (docs/round_hooks.md). This o
 
 * ``select_clients``: drops the clients of a blocklist from every round (say, devices known to be faulty);
 * ``on_client_message``: reads each client's model change (its ``dx.*`` tensors; it changes nothing, so it returns
-  the messages as they came);
+  the messages as they came); on several processes it sees only this process's clients, and under FSDP this
+  process's rows of each tensor, so the squared norm is summed over the shards (``sum_over_shards``) and the norms
+  gathered over the processes (``gather_over_processes``) before they are logged;
 * ``after_aggregate``: adds the round's median and largest update norm to the round's log, which the history file,
   the plots and ``report_to`` loggers then carry.
 
@@ -26,7 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import ResNetConfig, ResNetForImageClassification  # noqa: E402
 
-from fedhf import ClientMessages, FederatedConfig, FederatedTrainer, RoundHook  # noqa: E402
+from fedhf import (ClientMessages, FederatedConfig, FederatedTrainer, RoundHook, gather_over_processes,  # noqa: E402
+                   sum_over_shards)
 from fedhf.data.demo import load_digits_images  # noqa: E402
 from fedhf.metrics import accuracy_metrics  # noqa: E402
 
@@ -34,7 +37,7 @@ from fedhf.metrics import accuracy_metrics  # noqa: E402
 class UpdateNorms(RoundHook):
     def __init__(self, blocklist: Sequence[int] = ()) -> None:
         self.blocklist = set(blocklist)
-        self.norms: List[float] = []
+        self.norms: Dict[int, float] = {}  # this process's clients of the round
         self.blocked_total = 0
 
     def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
@@ -43,16 +46,17 @@ class UpdateNorms(RoundHook):
         return kept
 
     def before_round(self, trainer, run) -> None:
-        self.norms = []
+        self.norms = {}
 
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:
         change = [t.double().pow(2).sum() for k, t in sent.own.tensors.items() if k.startswith("dx.")]
-        self.norms.append(float(torch.stack(change).sum().sqrt()))
+        self.norms[ctx.client_id] = float(sum_over_shards(trainer, torch.stack(change).sum()).sqrt())
         return sent
 
     def after_aggregate(self, trainer, run, sums, entry: dict) -> None:
-        if self.norms:
-            entry.update({"update_norm_median": statistics.median(self.norms), "update_norm_max": max(self.norms)})
+        norms = list(gather_over_processes(trainer, self.norms).values())  # every process calls it
+        if norms:
+            entry.update({"update_norm_median": statistics.median(norms), "update_norm_max": max(norms)})
         entry["blocked_clients_total"] = self.blocked_total
 
     def checkpoint_state(self, trainer, run) -> Tuple[dict, Dict[str, Dict[str, torch.Tensor]]]:

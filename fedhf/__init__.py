@@ -18,7 +18,7 @@ _EXPORTS = {
     "Algorithm": ".algorithms", "compose": ".algorithms", "get_algorithm": ".algorithms",
     "list_algorithms": ".algorithms",
     "FederatedConfig": ".trainer", "FederatedTrainer": ".trainer", "ClientMessages": ".trainer",
-    "RoundHook": ".trainer",
+    "RoundHook": ".trainer", "gather_over_processes": ".trainer", "sum_over_shards": ".trainer",
     "FederatedSFTConfig": ".trainer.sft", "FederatedSFTTrainer": ".trainer.sft",
 }
 
@@ -38,4 +38,4 @@ def __dir__():
 
 
 __all__ = ["Algorithm", "ClientMessages", "FederatedConfig", "FederatedTrainer", "RoundHook", "__version__",
-           "algorithms", "compose", "get_algorithm", "list_algorithms"]
+           "algorithms", "compose", "gather_over_processes", "get_algorithm", "list_algorithms", "sum_over_shards"]

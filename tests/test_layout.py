@@ -188,10 +188,12 @@ def _base_names(node: ast.ClassDef) -> Set[str]:
 
 
 def test_each_hooks_module_holds_a_round_hook():
-    """hooks/ is the protocol (base), the run's list (round_features) and one module per round feature."""
+    """hooks/ is the protocol (base, the hooks' checkpoint state in hook_state, the totals over processes a hook
+    takes in process_totals), the run's list (round_features) and one module per round feature."""
     hooks = os.path.join(TRAINER, "hooks")
     with_a_hook = {name for name, node in _classes(hooks) if "RoundHook" in _base_names(node)} - {"base"}
-    assert with_a_hook and _python_files(hooks) - {"__init__", "base", "round_features"} == with_a_hook
+    protocol = {"__init__", "base", "hook_state", "process_totals", "round_features"}
+    assert with_a_hook and _python_files(hooks) - protocol == with_a_hook
 
 
 def test_every_runner_is_in_runners():

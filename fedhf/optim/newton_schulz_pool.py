@@ -15,7 +15,10 @@ the batch (its own norm, its own products), so a client's result is what its own
 the blocking of the batched kernel (tests/trainer/runners/test_batched_round.py compares with sequential clients).
 
 Which steps: :class:`BatchedMuon`'s (MuonAdamW with ``newton_schulz="batched"`` or ``"gram"``), whose client alone
-runs the same batched kernel, so a chunk's clients equal sequential ones bit for bit on CPU. torch.optim.Muon (the
+runs the same batched kernel. The kernel is batch-invariant with float32-accumulated products (``default_matmul`` on
+CPUs without bfloat16 matmul units), so there a chunk's clients equal sequential ones bit for bit; with bfloat16
+matmuls (GPUs, AVX512-BF16 / AMX CPUs) a matrix's result can move by a bfloat16 step with the batch it is in, and a
+chunk is within 1e-3 of sequential clients (2.8e-4 on a tiny Llama after 2 steps; docs/scaling.md). torch.optim.Muon (the
 default ``newton_schulz="torch"``) iterates each matrix with 2-D bfloat16 matmuls; a batched bfloat16 kernel sums
 in another order, and on LoRA factors of a trained model the results differ by a bfloat16 ulp in places, which
 Muon's steps amplify (9e-3 on the adapter after 6 steps of a tiny Llama, against 0 otherwise): so each client

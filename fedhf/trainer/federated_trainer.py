@@ -52,7 +52,7 @@ from ..state.run import RunState, refuse_to_overwrite, resolve_checkpoint
 from .hooks.best_round import BestRound, check_best_metric
 from .runners.client_data import ClientData, check_partitions
 from .config.combinations import check_combinations
-from .config.clock_settings import sampled_per_round
+from .config.clock_settings import budget_reached, sampled_per_round
 from .config.federated_config import FederatedConfig
 from .hooks.base import HookList, RoundHook
 from .runners.labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
@@ -290,7 +290,9 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel
         self.state.epoch = float(run.rounds_done)
         if should_log(args, run.rounds_done):
             self.log(dict(entry))
-        self.control.should_evaluate |= should_evaluate(args, run.rounds_done, self.eval_dataset is not None)
+        has_eval = self.eval_dataset is not None
+        self.control.should_evaluate |= should_evaluate(args, run.rounds_done, has_eval)
+        self.control.should_evaluate |= has_eval and budget_reached(args, entry)  # the last round, as num_rounds'
         self.control.should_save |= should_save(args, run.rounds_done)
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
         self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)

@@ -84,6 +84,18 @@ def _saved_entry(history: List[dict], round_index: Optional[int]) -> Optional[di
     return next((e for e in history if e.get("round") == round_index), None)
 
 
+def _rounds_row(args, history: List[dict]) -> str:
+    """The rounds the model was trained for: those run (a run a budget stopped, or a round checkpoint's model, ran
+    fewer than ``num_rounds``), with the plan and, for the simulated clock's budget, why it stopped."""
+    ran = history[-1]["round"] if history else 0
+    if ran >= args.num_rounds:
+        return str(ran)
+    seconds = history[-1].get("sim_time_s") if history else None
+    why = (f"; stopped by `clock_budget_s`={args.clock_budget_s:g}, reached at {seconds:.1f} simulated seconds"
+           if args.clock_budget_s is not None and seconds is not None and seconds >= args.clock_budget_s else "")
+    return f"{ran} (of {args.num_rounds} planned{why})"
+
+
 def _sharing_row(args) -> str:
     preset = args.parameter_sharing
     personal = args.parameter_sharing_kwargs.get("personal") if args.parameter_sharing_kwargs else None
@@ -109,7 +121,7 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         "|---|---|",
         f"| clients (N) | {args.num_clients} |",
         f"| clients per round (S) | {args.clients_per_round} |",
-        f"| rounds (R) | {args.num_rounds} |",
+        f"| rounds (R) | {_rounds_row(args, history)} |",
         f"| local steps per round (K) | {args.local_steps} |",
         f"| local optimizer / state sync / correction / server rule | {algorithm.local_optimizer.cls.__name__} / "
         f"{algorithm.state_sync!r} / {algorithm.correction!r} / {algorithm.server_rule!r} |",

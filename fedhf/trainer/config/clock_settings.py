@@ -70,6 +70,12 @@ def clock_on(args) -> bool:
     return args.clock_profile is not None
 
 
+def budget_reached(args, entry: dict) -> bool:
+    """Whether the round logged in ``entry`` reached ``clock_budget_s``: the clock stops the run after it, so it is
+    the run's last round."""
+    return clock_on(args) and args.clock_budget_s is not None and entry["sim_time_s"] >= args.clock_budget_s
+
+
 def sampled_per_round(args) -> int:
     """How many clients the loop samples: clients_per_round, over-selected under the deadline policy."""
     if clock_on(args) and args.round_policy == "deadline" and args.over_selection > 0:

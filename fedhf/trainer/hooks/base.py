@@ -19,7 +19,9 @@ meets them:
   (a compressed downlink returns its encoded size; fedhf/trainer/hooks/compression.py).
 * ``on_client_message(trainer, ctx, sent) -> sent``: one client's messages (:class:`ClientMessages`) after its local
   steps and before they enter the round's sums; a hook may return other messages (compression, local noise) and
-  the uplink counts what the last hook returns. Not called for an excluded client.
+  the uplink counts what the last hook returns. Not called for an excluded client. It runs on the process that
+  trained the client, under FSDP with this process's rows (fedhf/trainer/hooks/process_totals.py: what it sees,
+  and the totals over shards and processes).
 * ``after_sums(trainer, run, sums)``: the round's sums after the all-reduce, before the server update (central
   noise, the decoding of a secure aggregation); the hook may change them in place.
 * ``after_aggregate(trainer, run, sums, entry)``: after the server update, with the new global model in the resident
@@ -32,7 +34,8 @@ meets them:
 
 A hook that keeps state across rounds (the privacy accountant, its noise stream) hands it to the round checkpoint
 with ``checkpoint_state(trainer, run) -> (meta, groups)`` (JSON values; safetensors groups, named uniquely) and gets
-it back, before ``on_train_begin``, with ``restore_state(trainer, run, meta, groups)``.
+its own back, before ``on_train_begin``, with ``restore_state(trainer, run, meta, groups)``; each hook's state is kept
+under its own key, and must be the same on every process (fedhf/trainer/hooks/hook_state.py).
 
 A new round feature is a file with its hook plus its line in ``round_hooks`` (fedhf/trainer/hooks/round_features.py).
 A user's own hooks are passed as ``FederatedTrainer(round_hooks=[...])`` (docs/round_hooks.md): they run after the
@@ -47,6 +50,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from ...core.message import Message
 from ...core.params import TensorDict
+from . import hook_state
 
 
 @dataclass
@@ -161,14 +165,8 @@ class HookList(RoundHook):
             hook.on_train_end(trainer, run)
 
     def checkpoint_state(self, trainer, run) -> Tuple[dict, Dict[str, TensorDict]]:
-        meta: dict = {}
-        groups: Dict[str, TensorDict] = {}
-        for hook in self.hooks:
-            hook_meta, hook_groups = hook.checkpoint_state(trainer, run)
-            meta.update(hook_meta)
-            groups.update(hook_groups)
-        return meta, groups
+        """Each hook's state under its own key (fedhf/trainer/hooks/hook_state.py)."""
+        return hook_state.collect(self.hooks, trainer, run)
 
     def restore_state(self, trainer, run, meta: dict, groups: Dict[str, TensorDict]) -> None:
-        for hook in self.hooks:
-            hook.restore_state(trainer, run, meta, groups)
+        hook_state.hand_back(self.hooks, trainer, run, meta, groups)

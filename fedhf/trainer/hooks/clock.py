@@ -152,7 +152,8 @@ class VirtualClock(RoundHook):
         self.seconds += self.timing.seconds
         if sums.scalar("n") > 0:  # the next round's message sizes: this round's, per client
             self.uplink_bytes = sums.scalar("uplink_bytes") / sums.scalar("n")
-            self.downlink_bytes = max(sums.scalar("downlink_bytes") / sums.scalar("n"), 1.0)
+        if run.cohort:  # the download went to every client trained (fedbuff: dispatched), not only to the reports
+            self.downlink_bytes = max(sums.scalar("downlink_bytes") / len(run.cohort), 1.0)
         entry.update({"sim_round_s": self.timing.seconds, "sim_time_s": self.seconds, "sim_dropped": self.dropped,
                       "sim_offline": self.offline, "sim_wasted_client_s": self.timing.wasted_seconds})
         if self.buffered and self.staleness:

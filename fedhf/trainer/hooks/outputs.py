@@ -12,6 +12,7 @@ import torch
 from transformers.utils import logging
 
 from .base import RoundHook
+from .hook_state import check_same_on_every_process
 from ..hub import push_round_checkpoint
 from ..config.privacy_settings import dp_on
 from ...data import save_partition_report
@@ -102,14 +103,15 @@ def save_round_checkpoint(trainer, run: RunState) -> None:
     if trainer.shards.active:  # every process's rows, each its own file (fedhf/state/shards.py)
         return save_sharded_round_checkpoint(trainer, run, directory)
     clients = gather_client_store(trainer)
+    hook_meta, hook_groups = trainer.hooks.checkpoint_state(trainer, run)  # e.g. the privacy accountant
+    check_same_on_every_process(hook_meta, trainer.world.size)  # one state, restored on every process
     if not trainer.is_world_process_zero():
         return
     best_meta, best_groups = trainer.best_round.to_checkpoint(state)
     meta = {**run.meta(), "history": trainer.federated_history,
-            "fingerprint": fingerprint(args, trainer.algorithm), **best_meta}
+            "fingerprint": fingerprint(args, trainer.algorithm), **best_meta, "hooks": hook_meta}
     if trainer.accelerator.scaler is not None:  # fp16: the scale a resumed run continues with
         meta["grad_scaler"] = trainer.accelerator.scaler.state_dict()
-    meta["hooks"], hook_groups = trainer.hooks.checkpoint_state(trainer, run)  # e.g. the privacy accountant
     save_checkpoint(directory, {**run.tensor_groups(), **best_groups, **hook_groups, "client_store": clients}, meta,
                     write_extra=trainer._write_model)
     trainer.hooks.on_checkpoint(trainer, run, directory)
@@ -120,6 +122,7 @@ def save_sharded_round_checkpoint(trainer, run: RunState, directory: str) -> Non
     the consolidated model under model/ (every process gathers it; process 0 writes)."""
     best_meta, best_groups = trainer.best_round.to_checkpoint(trainer.state)
     hook_meta, hook_groups = trainer.hooks.checkpoint_state(trainer, run)
+    check_same_on_every_process(hook_meta, trainer.world.size)  # the meta is process 0's; the groups per process
     groups = {**run.tensor_groups(), **best_groups, **hook_groups, "client_store": trainer.client_store.to_tensors()}
     groups = every_process_groups(groups, trainer.world.rank, trainer.world.size)
     trainer._gathered_state = trainer.shards.full_state_dict()

@@ -13,8 +13,9 @@ the chunk's clients in one batched call (fedhf/optim/newton_schulz_pool.py). Per
 clients' held-out rows per stacked forward (:meth:`BatchedClients.evaluate_clients`).
 
 What cannot be shared is refused when the trainer is built (fedhf/trainer/config/combinations.py), with the fix named.
-Dropout draws its masks for the concatenated batch (same distribution, another random stream than sequential
-clients), so bit-equality with sequential training needs a model without active dropout.
+Dropout draws its masks for the concatenated batch from the chunk's own random stream (seeded per chunk, continued
+across its local steps: fresh masks at every step), the same distribution as sequential clients but another stream,
+so bit-equality with sequential training needs a model without active dropout.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ...core.schedule import stream_seed
 from ...core.sums import RoundSums
 from ...runtime.stacked_adapters import (Routing, StackedClients, concat_batches, model_pad_id, per_client, row_losses,
                                         stacked_clients, to_device)
@@ -34,6 +36,9 @@ from ..hooks.personal_eval import held_out_rows
 from .base import Runner
 
 
+SHARED_PASS_STREAM = 4  # streams 1-3 are each client's own (dropout and curvature draws, its batches, its passes)
+
+
 def _random_state():
     return torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
 
@@ -43,6 +48,16 @@ def _set_random_state(state) -> None:
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
+
+
+def shared_pass_state(seed: int, round_index: int, first_client: int):
+    """The random state the chunk's shared forward/backward starts from: its own stream (seed, round, the chunk's
+    first client, SHARED_PASS_STREAM), apart from every client's stream (its dropout masks span the chunk's rows)."""
+    saved = _random_state()
+    torch.manual_seed(stream_seed(seed, round_index, first_client, SHARED_PASS_STREAM))
+    state = _random_state()
+    _set_random_state(saved)
+    return state
 
 
 class BatchedClients(Runner):
@@ -63,12 +78,18 @@ class BatchedClients(Runner):
                 ctx.params = params  # the client's own copy of the adapters
                 optimizers.append(trainer._begin_client(ctx, self._routed_access(ctx, routing, c, len(contexts))))
                 random_states.append(_random_state())  # its own stream (seeded in _begin_client), kept apart
+            shared = [shared_pass_state(trainer.args.seed, contexts[0].round, contexts[0].client_id)]
 
             def before_forward(step, optimizers, micro):
+                # The shared pass (its dropout) continues its own stream: saved where the last step left it, set
+                # again after the clients' hooks, so each step draws new masks (not a client's restored state).
+                if step:
+                    shared[0] = _random_state()
                 for c, (optimizer, batches) in enumerate(zip(optimizers, micro)):
                     _set_random_state(random_states[c])  # e.g. Sophia's sampled labels: as if trained alone
                     optimizer.before_forward(step, batches[0])
                     random_states[c] = _random_state()
+                _set_random_state(shared[0])
 
             losses = trainer.local.run(contexts, optimizers, lambda micro: self._shared_backward(micro, stack),
                                        before_forward)

@@ -53,6 +53,13 @@ def each_before_forward(step: int, optimizers: Sequence[OptimizerHooks], micro: 
         optimizer.before_forward(step, batches[0])
 
 
+def sent_update(own: Message, delta: TensorDict, weight: float) -> TensorDict:
+    """The client's Delta_i as the round hooks left its message: its ``dx`` (sent as w_i Delta_i) over w_i, in the
+    dtypes of ``delta`` (exact without a hook: w_i is 1 or a row count, and w_i x float32 is exact in float64)."""
+    return {name: (own.tensors[f"dx.{name}"] / weight).to(delta[name].dtype)
+            for name in delta if f"dx.{name}" in own.tensors}
+
+
 class LocalSteps:
     def __init__(self, trainer) -> None:
         self.trainer = trainer
@@ -186,7 +193,6 @@ class LocalSteps:
         plan.keep_personal(trainer.client_store, ctx.client_id)
         own = Message().put("dx", delta, scale=ctx.weight,  # the trainer's own message: un-namespaced keys
                             nbytes=plan.sent_bytes(delta))  # RoLoRA: the frozen factor's zeros are not sent
-        trainer.gathering.keep(sums, ctx.client_id, delta)  # robust aggregators: each Delta_i
         own.put("buf", snapshot(buffers), scale=ctx.weight)  # averaged buffers (none: nothing)
         components = {"correction": algo.correction.client_end(ctx, correction_round)}
         theta = plan.shared_theta(optimizer.export_theta())
@@ -195,6 +201,9 @@ class LocalSteps:
         own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
         own.put_scalar("loss", float(loss_sum) / trainer.args.local_steps * ctx.weight)
         sent = trainer.hooks.on_client_message(trainer, ctx, ClientMessages(own, components, theta))
+        update = sent_update(sent.own, delta, ctx.weight)
+        if update:  # robust aggregators: each Delta_i as the round hooks sent it (none when a hook holds it back)
+            trainer.gathering.keep(sums, ctx.client_id, update)
         sums.add_message(sent.own)
         for namespace, message in sent.components.items():
             sums.add_message(message, namespace)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from fedhf import FederatedConfig, RoundHook
+from fedhf import FederatedConfig, FederatedTrainer, RoundHook
 from fedhf.core.schedule import round_clients
 from fedhf.simulation import client_seconds, deadline_round, lognormal_profiles
 from fedhf.simulation.profile import MBPS
@@ -166,3 +166,46 @@ def test_a_resumed_fedbuff_run_keeps_its_clients_in_flight(digits, tmp_path):
     resumed, resumed_model = _run(digits, tmp_path, "cut", resume=True, **settings)
     assert without_timings(resumed.federated_history) == without_timings(whole.federated_history)
     assert all(torch.equal(whole_model[n], resumed_model[n]) for n in whole_model)
+
+
+def test_fedbuff_times_a_refill_with_one_clients_download_not_the_dispatch_over_the_reports(tmp_path):
+    """One device, one row length: every client's round lasts T. 6 clients are dispatched at t=0, the first 2 report
+    at T; the 2 dispatched then report at 2T (the download is the dense model per client, however many reported)."""
+    from datasets import Dataset
+    from transformers import default_data_collator
+
+    from fedhf.data.demo import tiny_llama
+
+    ids = torch.randint(1, 64, (64, 16), generator=torch.Generator().manual_seed(0)).tolist()
+    data = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 16] * 64, "labels": ids})
+    model = tiny_llama(64, hidden_size=32, num_layers=1)
+    args = config(tmp_path, num_clients=8, clients_per_round=2, num_rounds=4, local_steps=1,
+                  per_device_train_batch_size=4, learning_rate=0.05, partition="iid", clock_profile="uniform",
+                  clock_downlink_mbps=1.0, clock_uplink_mbps=100.0, round_policy="fedbuff", async_concurrency=6)
+    trainer = FederatedTrainer(model=model, args=args, train_dataset=data, data_collator=default_data_collator)
+    trainer.train()
+    dense = sum(p.numel() * p.element_size() for p in model.parameters())
+    one_round = dense / (1.0 * MBPS) + 4 * 16 / 2000.0 + dense / (100.0 * MBPS)
+    times = [h["sim_time_s"] for h in trainer.federated_history]
+    staleness = [h["staleness_max"] for h in trainer.federated_history]
+    assert times[:3] == pytest.approx([one_round] * 3, rel=1e-12)  # the 6 first dispatches, 2 per update
+    assert staleness[:3] == [0, 1, 2]
+    assert times[3] == pytest.approx(2 * one_round, rel=1e-9) and staleness[3] == 2  # dispatched at update 1
+
+
+def test_a_run_the_budget_stops_evaluates_its_last_round_and_its_card_says_the_rounds_run(digits, tmp_path):
+    dense = sum(p.numel() * 4 for p in tiny_resnet().parameters())
+    first_round = dense / (20 * MBPS) + 2 * 16 / 2000.0 + dense / (5 * MBPS)  # as the first test computes it
+    model = tiny_resnet()
+    args = config(tmp_path / "budget", num_clients=6, clients_per_round=3, num_rounds=4, local_steps=2,
+                  clock_profile="uniform", clock_budget_s=1.5 * first_round, eval_every_rounds=0)
+    trainer = digit_trainer(model, digits, args)
+    trainer.train()
+    history = trainer.federated_history
+    assert [h["round"] for h in history] == [1, 2]  # round 2 reaches 1.5 rounds' seconds
+    assert "eval_loss" not in history[0] and "eval_accuracy" in history[1]  # evaluated as a last round is
+    trainer.save_model(str(tmp_path / "final"))
+    card = (tmp_path / "final" / "README.md").read_text()
+    assert (f"| rounds (R) | 2 (of 4 planned; stopped by `clock_budget_s`={1.5 * first_round:g}, reached at "
+            f"{history[1]['sim_time_s']:.1f} simulated seconds) |") in card
+    assert f"final eval_accuracy (saved model, round 2) | {history[1]['eval_accuracy']:.4f}" in card

@@ -95,3 +95,38 @@ def test_the_users_hook_wrote_its_metrics_and_blocked_its_client(trained):
     history = trained.federated_history
     assert all("update_norm_median" in h and h["update_norm_max"] >= h["update_norm_median"] > 0 for h in history)
     assert "sim_time_s" in history[-1] and "dp_epsilon" in history[-1]
+
+
+class _ZeroUpdates(RoundHook):
+    """Sends every client's model change as zeros (a stand-in for any transform of ``dx``)."""
+
+    def on_client_message(self, trainer, ctx, sent):
+        own = Message({k: (v * 0 if k.startswith("dx.") else v) for k, v in sent.own.tensors.items()},
+                      sent.own.nbytes, dict(sent.own.dense))
+        return ClientMessages(own, sent.components, sent.theta)
+
+
+class _Unchanged(RoundHook):
+    def on_client_message(self, trainer, ctx, sent):
+        return ClientMessages(Message(dict(sent.own.tensors), sent.own.nbytes, dict(sent.own.dense)),
+                              sent.components, sent.theta)
+
+
+@pytest.mark.parametrize("rule", ["mean", "median", "trimmed_mean"])
+def test_every_server_rule_aggregates_what_on_client_message_returned(digits, tmp_path, rule):
+    from tests.helpers import digit_trainer, tiny_resnet, trainable_state
+
+    def run(name, hooks):
+        model = tiny_resnet()
+        args = config(tmp_path / name, server_rule=rule, num_clients=4, clients_per_round=4, num_rounds=1,
+                      local_steps=2, learning_rate=0.5, client_weighting="num_samples", partition="dirichlet",
+                      dirichlet_alpha=0.5)
+        digit_trainer(model, digits, args, evaluate=False, round_hooks=hooks).train()
+        return trainable_state(model)
+
+    untouched = trainable_state(tiny_resnet())
+    zeroed = run("zeroed", [_ZeroUpdates()])
+    assert all(torch.equal(zeroed[n], untouched[n]) for n in untouched)  # the hook's zeros reached the rule
+    plain, passed_on = run("plain", []), run("passed_on", [_Unchanged()])
+    assert any(not torch.equal(plain[n], untouched[n]) for n in untouched)
+    assert all(torch.equal(plain[n], passed_on[n]) for n in plain)  # w_i Delta_i / w_i: Delta_i to the last bit
