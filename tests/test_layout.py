@@ -113,7 +113,7 @@ def test_every_folder_has_a_rule_and_the_top_level_is_small():
 # The trainer's sub-folders, by concept: what a config decides (config/), the round hooks (hooks/), how a round's
 # clients are trained (runners/). Its top level holds the trainer classes and what they save and publish.
 TRAINER = os.path.join(PACKAGE, "trainer")
-TRAINER_TOP = {"__init__", "federated_trainer", "sft", "published", "hub"}
+TRAINER_TOP = {"__init__", "federated_trainer", "sft", "published", "hub", "every_row_evaluation"}  # the trainer classes and their mixins
 # sub-folder -> the trainer folders it may import ("" is the top level); nothing below the runners imports them
 TRAINER_RULES: Dict[str, Set[str]] = {
     "config": {"hooks", ""},  # e.g. the compression hook's plan of what it compresses; the Hub check
