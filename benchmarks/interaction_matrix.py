@@ -7,7 +7,11 @@ each failing pair, then one line:
 
     interaction_matrix features=<F> pairs=<P> refused=<R> equal=<E> statistical=<S> trains=<T> failing=<n> seconds=<s>
 
-    python benchmarks/interaction_matrix.py [--out benchmarks/interaction_matrix_result.txt] [--only SUBSTRING]
+    python benchmarks/interaction_matrix.py [--out benchmarks/interaction_matrix_result.txt]
+                                            [--page docs/interactions.md] [--only SUBSTRING]
+
+With --page it also writes the generated docs page, taking each pair's refusal from the run (1-process pairs: the
+build is the lookup; 2-process pairs: checked against the lookup) instead of looking every pair up again.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fedhf.interactions.features import features  # noqa: E402
-from fedhf.interactions.matrix import alone, pairs  # noqa: E402
+from fedhf.interactions.matrix import REFUSED, alone, pairs  # noqa: E402
+from fedhf.interactions.page import page  # noqa: E402
 from fedhf.interactions.suite import run_pairs  # noqa: E402
 
 
@@ -33,12 +38,17 @@ def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the failing pairs and the line to this file")
     parser.add_argument("--only", default=None, help="only pairs whose name contains this (a quick look)")
+    parser.add_argument("--page", default=None, help="also write docs/interactions.md with the run's refusals")
     cli = parser.parse_args(argv)
     selected = [p for p in pairs() if cli.only is None or cli.only in p.name]
     lone = [f for f in alone() if cli.only is None or cli.only in f.name]
     lines = []
     report = run_pairs(selected, lone, log=lambda text: (print(text, flush=True), lines.append(text)))
     line = report.line(len(features()))
+    if cli.page:
+        refused = {v.name for v in report.verdicts if v.oracle == REFUSED}
+        with open(cli.page, "w") as f:
+            f.write(page(refused=lambda p: p.name in refused))
     print(line, flush=True)
     if cli.out:
         machine = (f"machine: {platform.node() or 'unknown'}, {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, "

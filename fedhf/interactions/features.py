@@ -102,7 +102,7 @@ DECLARED: Dict[str, Dict[str, object]] = {
                                   "clock-free run bit for bit", settings={"clock_profile": "uniform"}),
         "deadline": {"settings": {"clock_profile": "lognormal", "round_policy": "deadline", "round_deadline_s": 3.0}},
         "fedbuff": {"settings": {"clock_profile": "uniform", "round_policy": "fedbuff", "clients_per_round": 2,
-                                 "async_concurrency": 4}, "data": {"lo": 8, "hi": 8},
+                                 "async_concurrency": 4, "num_rounds": 4}, "data": {"lo": 8, "hi": 8},
                     "statistical": "fedbuff_times"}},
     "dp_mode": {"off": REFERENCE,
                 "central": _twin(0.0, 1e-6, "DP with noise 0 and a clip that never binds is the run without DP "
@@ -220,3 +220,56 @@ def features() -> List[Feature]:
     for name, kw in SWITCHES.items():
         out.append(Feature(name, name.split(":")[0], **kw))
     return out
+
+
+# FederatedConfig fields that are not features of their own: what each one parameterises (a feature, the reference
+# run, or the data split), so that a new field needs a decision too (tests/interactions/test_declarations.py)
+PARAMETERS: Dict[str, str] = {
+    **{f: "the data split (the reference run's iid split)" for f in (
+        "partition", "partition_column", "dirichlet_alpha", "min_partition_size", "partition_max_retries",
+        "partition_key", "partition_key_buckets", "partition_encoder", "quantity_skew", "partition_report")},
+    **{f: "the reference run's size" for f in ("num_clients", "num_rounds", "local_steps", "memory_budget_gb")},
+    **{f: "dp_mode (its noise and accounting)" for f in (
+        "dp_epsilon", "dp_delta", "dp_accountant", "dp_stop_at_budget", "dp_adaptive_clip_quantile",
+        "dp_adaptive_clip_lr", "dp_adaptive_clip_count_std", "dp_min_survivors")},
+    **{f: "secure_aggregation (its codec)" for f in ("secagg_bits", "secagg_range")},
+    **{f: "round_policy (the simulated devices and their schedule)" for f in (
+        "clock_tokens_per_s", "clock_uplink_mbps", "clock_downlink_mbps", "clock_spread", "clock_availability",
+        "over_selection", "clock_budget_s")},
+    **{f: "the component it configures" for f in (
+        "algorithm_kwargs", "correction_kwargs", "server_rule_kwargs", "state_sync_kwargs",
+        "parameter_sharing_kwargs")},
+    "max_excluded_rounds": "max_update_norm (how many rounds may exclude every client)",
+    "drift_spectral": "a diagnostic (the drift metric's spectral norm), refused under FSDP by the table",
+    "save_every_rounds": "resume (its checkpoints)",
+    "overwrite_output_dir": "the reference run (its output folder)",
+    "client_state_dir": "spill (where spilled client state goes)",
+}
+
+
+def covered_fields() -> set:
+    return {k for f in features() for k in f.settings} | set(PARAMETERS) | {
+        "algorithm", "server_rule", "correction", "local_optimizer", "state_sync", "uplink_compression",
+        "round_policy", "dp_mode", "parameter_sharing", "client_sampling", "client_weighting", "round_lr_schedule"}
+
+
+# The review's findings (issue 43) and the pairs (or features alone) of the matrix that catch them
+FINDINGS: Dict[int, Tuple[str, Tuple[Tuple[str, ...], ...]]] = {
+    1: ("low-rank state sync under FSDP factorises shards", (("state_sync:compressed_average", "runner:fsdp"),)),
+    2: ("batched clients repeat the dropout mask every step", (("runner:batched", "dropout:on"),)),
+    3: ("FSDP crashes on a client's 1-row last micro-batch", (("runner:fsdp", "short_tail:on"),)),
+    4: ("the clock times round 1 with the shard size under FSDP", (("round_policy:deadline", "runner:fsdp"),)),
+    5: ("FedBuff over-estimates the download after round 1", (("server_rule:adam", "round_policy:fedbuff"),)),
+    6: ("row shards share dropout masks", (("runner:client_parallel", "dropout:on"), ("runner:fsdp", "dropout:on"))),
+    7: ("robust rules ignore what a round hook sends", (("server_rule:median", "hook:zero_change"),
+                                                       ("server_rule:trimmed_mean", "hook:zero_change"))),
+    8: ("the example hook's metric under several processes", (("hook:update_norms", "runner:spread"),
+                                                              ("hook:update_norms", "runner:fsdp"))),
+    9: ("fsdp_config keys accepted and ignored", (("fsdp_config:unknown",),)),
+    10: ("the Newton-Schulz pool is not bit-equal on bfloat16 hardware", (("runner:batched", "newton_schulz:pool"),)),
+    11: ("batched Muon with per-batch padding beyond the documented 2e-5", (("local_optimizer:muon",
+                                                                            "runner:batched"),)),
+    12: ("eval_loss depends on the number of processes", (("runner:spread", "evaluate:on"),
+                                                          ("runner:fsdp", "evaluate:on"))),
+    13: ("fsdp on one process is refused by Trainer, not fedhf", (("fsdp:one_process",),)),
+}

@@ -1,7 +1,8 @@
 """Pairs of features: enumeration, the oracle each pair carries, the refusal lookup, and one pair's verdict.
 
-Every two features of different axes form a pair (features of one axis are alternatives; an algorithm is checked
-alone, being a preset of the component axes that are paired). A pair is refused when the refusal table refuses its
+Every two features of different axes form a pair (features of one axis are alternatives), except two parts of an
+algorithm (server rule, correction, local optimizer, state sync): such a pair is an algorithm, whose composition
+the algorithm registry checks (compose()); the algorithms are checked alone. A pair is refused when the refusal table refuses its
 configuration (looked up by building it; a 2-process pair is looked up on this process with the launch's settings,
 and the launch must agree), else it carries the first oracle that applies: a ``first`` property (dropout), a neutral
 twin (preferring a launch's, then one that is not the initial model), another property, or "it trains"."""
@@ -18,6 +19,8 @@ from .reference import merge
 
 EQUAL, STATISTICAL, TRAINS, REFUSED = "equal", "statistical", "trains", "refused"
 LAUNCH_FIELDS = ("client_parallel", "fsdp")
+# an algorithm's parts: a pair of two of them is an algorithm (compose() checks it; the algorithms run alone)
+ALGORITHM_PARTS = ("server_rule", "correction", "local_optimizer", "state_sync")
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ def configuration(*fs: Feature) -> dict:
 
 def pairs(selected: Optional[List[Feature]] = None) -> List[Pair]:
     paired = [f for f in (selected or features()) if not f.alone]
-    return [Pair(a, b) for a, b in combinations(paired, 2) if a.axis != b.axis]
+    return [Pair(a, b) for a, b in combinations(paired, 2)
+            if a.axis != b.axis and not (a.axis in ALGORITHM_PARTS and b.axis in ALGORITHM_PARTS)]
 
 
 def alone() -> List[Feature]:
@@ -124,3 +128,36 @@ def _init_fields(args):
     import dataclasses
 
     return [f for f in dataclasses.fields(args) if f.init]
+
+
+def find_pair(a: str, b: str) -> Pair:
+    for p in pairs():
+        if {p.a.name, p.b.name} == {a, b}:
+            return p
+    raise KeyError(f"no pair {a} x {b}")
+
+
+def covering_subset(rotation: int = 7) -> Tuple[List[Pair], List[Feature]]:
+    """What the suite runs: every paired feature at least once in a 1-process pair (its partner chosen by a fixed
+    rotation through the feature list, so each partner differs), the pairs that catch the review's findings
+    (features.FINDINGS), and the features checked alone that the findings name."""
+    from .features import FINDINGS
+
+    paired = [f for f in features() if not f.alone]
+    chosen: List[Pair] = []
+    for i, f in enumerate(paired):
+        for step in range(rotation, rotation + len(paired)):
+            g = paired[(i + step) % len(paired)]
+            if g.processes == 1 and f.processes == 1 and g.axis != f.axis and not (
+                    f.axis in ALGORITHM_PARTS and g.axis in ALGORITHM_PARTS):
+                chosen.append(Pair(f, g))
+                break
+    lone = []
+    for _, cases in FINDINGS.values():
+        for case in cases:
+            if len(case) == 2:
+                chosen.append(find_pair(*case))
+            else:
+                lone += [f for f in alone() if f.name == case[0]]
+    unique = {p.name: p for p in chosen}
+    return list(unique.values()), lone

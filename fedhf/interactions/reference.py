@@ -9,6 +9,7 @@ forward. It runs in this process, or in each process of a torchrun launch (:mod:
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -34,6 +35,12 @@ class Outcome:
 
 
 def model(lora_dropout: float = 0.0):
+    """A fresh copy of the reference model (built once per dropout rate)."""
+    return copy.deepcopy(_model(lora_dropout))
+
+
+@functools.lru_cache(maxsize=4)
+def _model(lora_dropout: float):
     from peft import LoraConfig, TaskType, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -47,6 +54,7 @@ def model(lora_dropout: float = 0.0):
                                            task_type=TaskType.CAUSAL_LM))
 
 
+@functools.lru_cache(maxsize=8)
 def rows(n: int = ROWS, lo: int = 4, hi: int = 16, seed: int = 0):
     """Rows of lo..hi random tokens (their own labels); ``lo == hi`` gives rows of one length."""
     from datasets import Dataset
@@ -83,6 +91,8 @@ def merge(*specs: dict) -> dict:
 
 def build(spec: dict, output_dir: str):
     """The trainer of one configuration (refusals raise here, before any work)."""
+    from transformers import PrinterCallback
+
     from transformers import PrinterCallback
 
     from fedhf import FederatedConfig, FederatedTrainer
