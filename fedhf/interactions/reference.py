@@ -93,8 +93,6 @@ def build(spec: dict, output_dir: str):
     """The trainer of one configuration (refusals raise here, before any work)."""
     from transformers import PrinterCallback
 
-    from transformers import PrinterCallback
-
     from fedhf import FederatedConfig, FederatedTrainer
     from .hooks import HOOKS
 
