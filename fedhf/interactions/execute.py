@@ -4,6 +4,7 @@ launch (:mod:`.worker`), where process 0 also receives the other processes' drop
 
 from __future__ import annotations
 
+import os
 import tempfile
 import traceback
 
@@ -12,6 +13,17 @@ from .reference import build, run
 
 
 def execute(spec: dict, world=None) -> dict:
+    """One configuration; the environment is restored afterwards (an FSDP trainer sets accelerate's FSDP launch
+    variables, which the next configuration of the same process would read as an FSDP launch)."""
+    saved = dict(os.environ)
+    try:
+        return _execute(spec, world)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _execute(spec: dict, world=None) -> dict:
     folder = tempfile.mkdtemp(prefix="fedhf-matrix-")
     try:
         if world is not None:

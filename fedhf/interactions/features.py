@@ -39,6 +39,7 @@ class Twin:
     source: str
     initial: bool = False
     partners: Mapping[str, Optional[Tuple[float, float, str]]] = field(default_factory=dict)
+    wire: bool = False  # it changes what is sent (encodings), so the byte counts are not compared
 
     def tolerance(self, partner: str) -> Optional[Tuple[float, float, str]]:
         return self.partners[partner] if partner in self.partners else (self.rtol, self.atol, self.source)
@@ -65,8 +66,8 @@ class Feature:
                 "model": dict(self.model), "resume": self.resume, "masks": self.statistical == "dropout_masks"}
 
 
-def _twin(rtol, atol, source, initial=False, partners=None, **feature):
-    return {"twin": Twin(rtol, atol, source, initial, partners or {}), **feature}
+def _twin(rtol, atol, source, initial=False, partners=None, wire=False, **feature):
+    return {"twin": Twin(rtol, atol, source, initial, partners or {}, wire), **feature}
 
 
 EXACT = (0.0, 0.0)
@@ -74,6 +75,7 @@ MUON = ("local_optimizer:muon", "local_optimizer:soap", "newton_schulz:pool", "s
         "state_sync:average_warmstart", "state_sync:persist_local")
 _PROCESS_PARTNERS = {m: CURVATURE_PROCESSES for m in MUON}
 _PROCESS_PARTNERS.update({"dropout:on": None})
+_NO_TWIN_WITH_MUON = {m: None for m in MUON}  # Muon's and SOAP's steps amplify the codec's rounding; no bound
 
 # the registries' entries: name -> REFERENCE or the declaration's keywords (settings are the axis field = name
 # unless given)
@@ -95,7 +97,7 @@ DECLARED: Dict[str, Dict[str, object]] = {
     "state_sync": {"reset": REFERENCE, **{n: {"settings": {"state_sync": n, "local_optimizer": "muon"}} for n in (
         "average_warmstart", "compressed_average", "persist_local")}},
     "uplink_compression": {"none": REFERENCE, "topk": _twin(0.0, 1e-7, "a top-k of every entry (topk:1.0) sends "
-                                                                       "the change as it is", settings={
+                                                                       "the change as it is", wire=True, settings={
         "uplink_compression": "topk:1.0"}), **{n: {} for n in ("bf16", "fp16", "int8", "int4", "int2", "powersgd")}},
     "round_policy": {
         "wait_all": _twin(*EXACT, "docs/clock.md: with clock_profile='uniform' and availability 1 a run is the "
@@ -107,13 +109,15 @@ DECLARED: Dict[str, Dict[str, object]] = {
     "dp_mode": {"off": REFERENCE,
                 "central": _twin(0.0, 1e-6, "DP with noise 0 and a clip that never binds is the run without DP "
                                             "(the sum is divided once, not per client: float rounding)",
+                                 partners={"client_sampling:poisson": None},  # DP divides by the expected cohort
                                  settings={"dp_mode": "central", "dp_noise_multiplier": 0.0, "dp_clip_norm": 1e6,
                                            "dp_reproducible_noise": True}),
-                "distributed": _twin(0.0, 4e-6, "distributed DP with noise 0 and a clip that never binds is secure "
-                                                "aggregation on [-C, C] = [-1, 1] at 20 bits: each round's mean "
-                                                "moves by at most one step 2C / 2^20 = 1.9e-6",
+                "distributed": _twin(0.0, 1.5e-5, "distributed DP with noise 0 and a clip that never binds (C = "
+                                                  "1000) is secure aggregation on [-C, C] at 28 bits: each round's "
+                                                  "mean moves by at most one step 2C / 2^28 = 7.5e-6", wire=True,
+                                     partners=_NO_TWIN_WITH_MUON,
                                      settings={"dp_mode": "distributed", "secure_aggregation": True,
-                                               "dp_noise_multiplier": 0.0, "dp_clip_norm": 1.0,
+                                               "dp_noise_multiplier": 0.0, "dp_clip_norm": 1000.0, "secagg_bits": 28,
                                                "dp_reproducible_noise": True})},
     "parameter_sharing": {"all": REFERENCE, **{n: {} for n in (
         "fedsa", "ffa", "personal_head", "personal_norm", "rolora")}},
@@ -126,7 +130,9 @@ DECLARED: Dict[str, Dict[str, object]] = {
                                        "nothing"),
              "zero_change": _twin(*EXACT, "docs/round_hooks.md: what on_client_message returns is what the server "
                                           "aggregates; a zero change leaves the model where it started",
-                                  initial=True),
+                                  initial=True, partners={  # rules that re-factorise B A; personal B trains locally
+                                      "server_rule:fedsvd": None, "server_rule:flexlora": None,
+                                      "server_rule:flora": None, "parameter_sharing:fedsa": None}),
              "update_norms": _twin(*EXACT, "docs/round_hooks.md: the example hook only reads the messages")},
 }
 
@@ -148,18 +154,20 @@ SWITCHES: Dict[str, Dict[str, object]] = {
         *EXACT, "docs/compression.md: per-client state spilled to disk comes back bit for bit")),
     "evaluate:on": dict(settings={"eval_every_rounds": 1}, **_twin(*EXACT, "evaluating the global model changes no "
                                                                            "training")),
-    "secure_aggregation:on": dict(settings={"secure_aggregation": True}, **_twin(
-        0.0, 3.1e-5, "docs/privacy.md: the unmasked sum equals the quantised plaintext sum exactly; at 20 bits on "
-                     "[-8, 8] each round's mean moves by at most one step 16 / 2^20 = 1.5e-5")),
+    "secure_aggregation:on": dict(settings={"secure_aggregation": True, "secagg_bits": 28, "secagg_range": 1000.0},
+                                  **_twin(0.0, 1.5e-5, "docs/privacy.md: the unmasked sum equals the quantised "
+                                                       "plaintext sum exactly; at 28 bits on [-1000, 1000] each "
+                                                       "round's mean moves by at most one step 7.5e-6", wire=True,
+                                          partners=_NO_TWIN_WITH_MUON)),
     "dropout:on": dict(model={"lora_dropout": 0.5}, statistical="dropout_masks", first=True),
     "short_tail:on": dict(data={"rows": 21}, note="clients of 5-6 rows at batch 4: a 1-row last micro-batch"),
-    "newton_schulz:pool": dict(settings={"local_optimizer": "muon",
+    "newton_schulz:pool": dict(axis="local_optimizer", settings={"local_optimizer": "muon",
                                          "local_optimizer_kwargs": {"newton_schulz": "batched"}}),
     "downlink_compression:int8": dict(settings={"downlink_compression": "int8"}),
-    "error_feedback:on": dict(settings={"uplink_compression": "int8", "error_feedback": True}),
+    "error_feedback:on": dict(axis="uplink_compression", settings={"uplink_compression": "int8", "error_feedback": True}),
     "lora_client_ranks:on": dict(settings={"lora_client_ranks": [2, 4, 4, 2], "server_rule": "flexlora"}),
     "personalized_eval:on": dict(settings={"personalized_eval": True, "client_eval_fraction": 0.25}),
-    "max_update_norm:on": dict(settings={"max_update_norm": 10.0}, **_twin(
+    "max_update_norm:on": dict(settings={"max_update_norm": 1e6}, **_twin(
         *EXACT, "an update-norm bound no client reaches excludes nobody")),
     "logits_at_labels_only:off": dict(settings={"logits_at_labels_only": False}, **_twin(
         0.0, 1e-6, "docs/scaling.md: the labelled-position head equals the full head (float rounding)")),
@@ -218,7 +226,8 @@ def features() -> List[Feature]:
             hooks = (name,) if axis == "hook" else ()
             out.append(Feature(f"{axis}:{name}", axis, settings, hooks, **kw))
     for name, kw in SWITCHES.items():
-        out.append(Feature(name, name.split(":")[0], **kw))
+        kw = dict(kw)
+        out.append(Feature(name, kw.pop("axis", name.split(":")[0]), **kw))
     return out
 
 

@@ -49,6 +49,8 @@ class Pair:
         twins = [(f, t) for f, t in twins if t is not None]
         if twins:
             f, t = sorted(twins, key=lambda ft: (-ft[0].processes, ft[0].twin.initial))[0]
+            if len(twins) == 2:  # both neutral: the looser of the two tolerances
+                t = (max(twins[0][1][0], twins[1][1][0]), max(twins[0][1][1], twins[1][1][1]), t[2])
             return EQUAL, f, t
         for f in (a, b):
             if f.statistical:

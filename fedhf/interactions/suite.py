@@ -69,15 +69,23 @@ def run_pairs(pairs: List[Pair], alone: List[Feature] = (), log=print) -> Report
     if launched:
         results.update(_launch(launched, report, log))
     for p in pairs:
-        report.verdicts.append(judge(p, results))
+        report.verdicts.append(_safely(judge, p, results))
         if report.verdicts[-1].problem:
             log(f"FAIL {p.name}: {report.verdicts[-1].problem}")
     for f in alone:
-        report.alone.append(judge_alone(f, results[key(configuration(f))]))
+        report.alone.append(_safely(judge_alone, f, results[key(configuration(f))]))
         if report.alone[-1].problem:
             log(f"FAIL {f.name} (alone): {report.alone[-1].problem}")
     report.seconds = time.time() - start
     return report
+
+
+def _safely(judge_one, what, results) -> Verdict:
+    """An oracle that raises is a failing verdict, never the end of the run."""
+    try:
+        return judge_one(what, results)
+    except Exception as error:  # noqa: BLE001
+        return Verdict(what.name, "error", f"the oracle raised {type(error).__name__}: {error}")
 
 
 def _outcome(record: dict, spec: dict):
@@ -109,7 +117,8 @@ def judge(p: Pair, results: Dict[str, dict]) -> Verdict:
         twin = results[key(twin_spec)]
         if "state" not in twin:
             return Verdict(p.name, oracle, f"the twin did not train: {twin.get('refused') or twin.get('crash')}")
-        return Verdict(p.name, oracle, equal(run, _outcome(twin, twin_spec), tolerance[0], tolerance[1]))
+        return Verdict(p.name, oracle, equal(run, _outcome(twin, twin_spec), tolerance[0], tolerance[1],
+                                             wire=any(g.twin is not None and g.twin.wire for g in (p.a, p.b))))
     if oracle == STATISTICAL:
         return Verdict(p.name, oracle, PROPERTIES[f.statistical](run))
     return Verdict(p.name, oracle, trains(run))
