@@ -93,7 +93,8 @@ def build(spec: dict, output_dir: str):
     """The trainer of one configuration (refusals raise here, before any work)."""
     from transformers import PrinterCallback
 
-    from fedhf import FederatedConfig, FederatedTrainer
+    from ..trainer.config.federated_config import FederatedConfig
+    from ..trainer.federated_trainer import FederatedTrainer
     from .hooks import HOOKS
 
     data = spec["data"]
