@@ -75,7 +75,11 @@ MUON = ("local_optimizer:muon", "local_optimizer:soap", "newton_schulz:pool", "s
         "state_sync:average_warmstart", "state_sync:persist_local")
 _PROCESS_PARTNERS = {m: CURVATURE_PROCESSES for m in MUON}
 _PROCESS_PARTNERS.update({"dropout:on": None})
-_NO_TWIN_WITH_MUON = {m: None for m in MUON}  # Muon's and SOAP's steps amplify the codec's rounding; no bound
+# the codec's rounding bound holds for a linear step: adaptive and orthogonalised steps, and rules that re-factorise
+# LoRA by an SVD, amplify it, so no twin is claimed with those
+_NO_TWIN_WITH_MUON = {m: None for m in MUON + (
+    "local_optimizer:adamw", "local_optimizer:amsgrad", "local_optimizer:sophia", "local_optimizer:covariance_adam",
+    "server_rule:fedsvd", "server_rule:flexlora", "server_rule:flora", "lora_client_ranks:on")}
 
 # the registries' entries: name -> REFERENCE or the declaration's keywords (settings are the axis field = name
 # unless given)
@@ -124,7 +128,7 @@ DECLARED: Dict[str, Dict[str, object]] = {
     "client_sampling": {"fixed": REFERENCE, "poisson": {}},
     "client_weighting": {"uniform": REFERENCE, "num_samples": _twin(
         0.0, 1e-6, "clients of equal size weigh the same by their rows (float rounding of the weights)",
-        partners={"short_tail:on": None})},
+        partners={"short_tail:on": None, "hook:update_norms": None})},  # a hook sees the weighted messages
     "round_lr_schedule": {"cosine": REFERENCE, "constant": {}},
     "hook": {"identity": _twin(*EXACT, "docs/round_hooks.md: a hook that returns the messages as they came changes "
                                        "nothing"),
@@ -132,7 +136,8 @@ DECLARED: Dict[str, Dict[str, object]] = {
                                           "aggregates; a zero change leaves the model where it started",
                                   initial=True, partners={  # rules that re-factorise B A; personal B trains locally
                                       "server_rule:fedsvd": None, "server_rule:flexlora": None,
-                                      "server_rule:flora": None, "parameter_sharing:fedsa": None}),
+                                      "server_rule:flora": None, "parameter_sharing:fedsa": None,
+                                      "lora_client_ranks:on": None}),
              "update_norms": _twin(*EXACT, "docs/round_hooks.md: the example hook only reads the messages")},
 }
 

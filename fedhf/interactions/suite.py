@@ -138,7 +138,8 @@ def judge_alone(f: Feature, record: dict) -> Verdict:
 
 
 def _launch(specs: Dict[str, dict], report: Report, log, timeout: float = 900) -> Dict[str, dict]:
-    """Every 2-process configuration in one torchrun launch; after a crash, the rest in a new one."""
+    """Every 2-process configuration in one torchrun launch; after a crash (its record written by process 0, or,
+    when a launch wrote nothing, recorded here for the first configuration), the rest in a new one."""
     out = tempfile.mkdtemp(prefix="fedhf-matrix-launch-")
     specs_file = os.path.join(out, "specs.json")
     with open(specs_file, "w") as f:
@@ -146,6 +147,7 @@ def _launch(specs: Dict[str, dict], report: Report, log, timeout: float = 900) -
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
     results: Dict[str, dict] = {}
     while len(results) < len(specs):
+        before = len(results)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                    "fedhf.interactions.worker", specs_file, out]
         try:
@@ -159,7 +161,7 @@ def _launch(specs: Dict[str, dict], report: Report, log, timeout: float = 900) -
             if k not in results and os.path.exists(path):
                 results[k] = torch.load(path, weights_only=False)
         missing = [k for k in specs if k not in results]
-        if missing:  # the first configuration without a result ended the launch
+        if missing and len(results) == before:  # no result at all: the first configuration ended the launch
             results[missing[0]] = {"crash": f"the launch ended: {tail}"}
             torch.save(results[missing[0]], os.path.join(out, missing[0] + ".pt"))
             log(f"launch {report.launches} ended at configuration {missing[0]}; relaunching for {len(missing) - 1}")
