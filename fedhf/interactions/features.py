@@ -267,7 +267,8 @@ def covered_fields() -> set:
         "round_policy", "dp_mode", "parameter_sharing", "client_sampling", "client_weighting", "round_lr_schedule"}
 
 
-# The review's findings (issue 43) and the pairs (or features alone) of the matrix that catch them
+# The correctness review's 13 findings (FSDP2, batched clients, the clock, round hooks, the refusal table) and
+# the pairs (or features alone) of the matrix that catch them
 FINDINGS: Dict[int, Tuple[str, Tuple[Tuple[str, ...], ...]]] = {
     1: ("low-rank state sync under FSDP factorises shards", (("state_sync:compressed_average", "runner:fsdp"),)),
     2: ("batched clients repeat the dropout mask every step", (("runner:batched", "dropout:on"),)),
