@@ -51,7 +51,8 @@ def main(argv=None) -> str:
             f.write(page(refused=lambda p: p.name in refused))
     print(line, flush=True)
     if cli.out:
-        machine = (f"machine: {platform.node() or 'unknown'}, {os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, "
+        machine = (f"machine: {platform.node() or 'unknown'}, {os.cpu_count()} CPU cores, "
+                   f"{platform.processor() or platform.machine()}, "
                    f"torch threads 1, {report.launches} torchrun launch(es); load average {os.getloadavg()[0]:.1f}")
         with open(cli.out, "w") as f:
             f.write("\n".join([machine] + lines + [line]) + "\n")

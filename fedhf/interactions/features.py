@@ -169,7 +169,8 @@ SWITCHES: Dict[str, Dict[str, object]] = {
     "newton_schulz:pool": dict(axis="local_optimizer", settings={"local_optimizer": "muon",
                                          "local_optimizer_kwargs": {"newton_schulz": "batched"}}),
     "downlink_compression:int8": dict(settings={"downlink_compression": "int8"}),
-    "error_feedback:on": dict(axis="uplink_compression", settings={"uplink_compression": "int8", "error_feedback": True}),
+    "error_feedback:on": dict(axis="uplink_compression",
+                              settings={"uplink_compression": "int8", "error_feedback": True}),
     "lora_client_ranks:on": dict(settings={"lora_client_ranks": [2, 4, 4, 2], "server_rule": "flexlora"}),
     "personalized_eval:on": dict(settings={"personalized_eval": True, "client_eval_fraction": 0.25}),
     "max_update_norm:on": dict(settings={"max_update_norm": 1e6}, **_twin(

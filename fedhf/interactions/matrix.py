@@ -1,8 +1,7 @@
-"""Pairs of features: enumeration, the oracle each pair carries, the refusal lookup, and one pair's verdict.
-
-Every two features of different axes form a pair (features of one axis are alternatives), except two parts of an
-algorithm (server rule, correction, local optimizer, state sync): such a pair is an algorithm, whose composition
-the algorithm registry checks (compose()); the algorithms are checked alone. A pair is refused when the refusal table refuses its
+"""Pairs of features: enumeration, the oracle each pair carries, the refusal lookup, and one pair's verdict. Every two
+features of different axes form a pair (features of one axis are alternatives), except two parts of an algorithm
+(server rule, correction, local optimizer, state sync): such a pair is an algorithm, whose composition the algorithm
+registry checks (compose()); the algorithms are checked alone. A pair is refused when the refusal table refuses its
 configuration (looked up by building it; a 2-process pair is looked up on this process with the launch's settings,
 and the launch must agree), else it carries the first oracle that applies: a ``first`` property (dropout), a neutral
 twin (preferring a launch's, then one that is not the initial model), another property, or "it trains"."""

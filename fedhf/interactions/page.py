@@ -42,7 +42,8 @@ pair is either refused (before any work, by fedhf, with the fix named) or carrie
 
 
 def tolerance_table() -> List[str]:
-    out = ["## Neutral twins and their tolerances", "", "| feature | twin | rtol | atol | claim |", "|---|---|---|---|---|"]
+    out = ["## Neutral twins and their tolerances", "", "| feature | twin | rtol | atol | claim |",
+           "|---|---|---|---|---|"]
     for f in features():
         if f.twin is None:
             continue

@@ -50,7 +50,8 @@ def _model(lora_dropout: float):
     torch.manual_seed(0)
     base = LlamaForCausalLM(config)
     torch.manual_seed(1)
-    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=lora_dropout, target_modules=["q_proj", "v_proj"],
+    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=lora_dropout,
+                                           target_modules=["q_proj", "v_proj"],
                                            task_type=TaskType.CAUSAL_LM))
 
 

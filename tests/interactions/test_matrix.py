@@ -1,6 +1,7 @@
 """The interaction matrix's covering subset (fedhf/interactions/matrix.py: covering_subset): every paired feature at
-least once, the pairs that catch the correctness review's findings (docs/interactions.md) and the declared refusals, each refused by fedhf
-before any work with the fix named or holding its invariant. benchmarks/interaction_matrix.py runs every pair."""
+least once, the pairs that catch the correctness review's findings (docs/interactions.md) and the declared refusals,
+each refused by fedhf before any work with the fix named or holding its invariant. benchmarks/interaction_matrix.py
+runs every pair."""
 
 from __future__ import annotations
 
