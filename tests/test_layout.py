@@ -31,6 +31,7 @@ RULES: Dict[str, Set[str]] = {
     "algorithms": {"core", "runtime", *AXES},  # named compositions of the axes
     "trainer": BELOW_THE_TRAINER,  # nothing below imports the trainer
     "": BELOW_THE_TRAINER | {"trainer"},  # the package's top: __init__, cli, recipes
+    "interactions": BELOW_THE_TRAINER | {"trainer"},  # the interaction matrix runs the trainer; nothing imports it
 }
 TOP_LEVEL_MODULES = {"__init__", "__main__", "version", "cli", "recipes"}
 

@@ -400,7 +400,8 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: _ranks(s) and not s.needs_lora_pairs,
             lambda s: "`lora_client_ranks` needs a rule that aggregates the clients' products (flexlora, flora, "
                       f"fedex_lora, fedsvd); `server_rule={s.rule.name!r}` averages A and B, which would average "
-                      "zeros into the components a client lacks"),
+                      "zeros into the components a client lacks",
+            "use one of those rules (e.g. server_rule='flexlora') or leave lora_client_ranks unset"),
     # A client's optimizer state on the components it lacks is zero (they never get a gradient); averaged in, it
     # would shrink the others' (Adam's v: larger steps; momentum: smaller) on exactly those components.
     Refusal(lambda s: _ranks(s) and s.algorithm.state_sync.averages_theta,
