@@ -346,6 +346,8 @@ BAD_INPUTS = [
              dp_adaptive_clip_quantile=0.5)),
     Bad("`dp_stop_at_budget` with a budget that not even the first round fits", "dp_noise_multiplier",
         _cfg(dp_mode="central", dp_clip_norm=1.0, dp_noise_multiplier=0.3, dp_epsilon=0.5, dp_stop_at_budget=True)),
+    Bad("DP with `max_update_norm` (an un-noised exclusion by one client's unclipped norm)", "max_update_norm",
+        _cfg(dp_mode="central", dp_clip_norm=1.0, dp_noise_multiplier=1.0, max_update_norm=5.0)),
     Bad("`dp_min_survivors` larger than the cohort", "dp_min_survivors",
         _cfg(dp_mode="distributed", dp_clip_norm=1.0, dp_noise_multiplier=1.0, secure_aggregation=True,
              dp_min_survivors=5)),

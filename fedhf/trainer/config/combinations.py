@@ -202,6 +202,11 @@ COMBINATIONS: List[Refusal] = [
             and not 1 <= s.args.dp_min_survivors <= s.args.clients_per_round,
             lambda s: f"`dp_min_survivors` must be in [1, clients_per_round={s.args.clients_per_round}]",
             needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.max_update_norm is not None,
+            lambda s: "`max_update_norm` excludes a client whose unclipped update norm exceeds it: under DP that "
+                      "exclusion is an un-noised function of one client's data (the count and the log would release "
+                      "it), and the clip to dp_clip_norm already bounds every client; leave max_update_norm=None",
+            needs=SETTINGS),
     Refusal(lambda s: s.args.dp_reproducible_noise and s.args.push_to_hub,
             lambda s: "`dp_reproducible_noise=True` draws the noise from the seed the model card prints, which voids "
                       "the privacy guarantee: it is for tests only and cannot be combined with push_to_hub; set "
