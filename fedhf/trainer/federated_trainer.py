@@ -56,6 +56,7 @@ from .config.clock_settings import sampled_per_round
 from .config.federated_config import FederatedConfig
 from .hooks.base import HookList, RoundHook
 from .runners.labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
+from .hooks.privacy import Privacy
 from .hooks.round_features import round_hooks
 from .config.llm_guidance import warn_sgd_lr
 from .runners.local_steps import LocalSteps, faulty
@@ -240,6 +241,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
             self.plan.params = self.shards.local_views(self.plan.params)
         self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds)
         self.best_round = BestRound(args)
+        self.privacy = Privacy(self)  # DP and secure aggregation; its secret also draws the cohorts under DP
         self.hooks = HookList(round_hooks(self))
 
     def _fresh_run(self) -> RunState:
@@ -293,7 +295,9 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         args, algo, r = self.args, self.algorithm, run.rounds_done
         # 1. the round's learning rate, clients and sharing (RoLoRA's frozen factor); the hooks' round begins
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
-        clients = round_clients(args.seed, r, args.num_clients, sampled_per_round(args), args.client_sampling)
+        # under DP the sample is drawn from the run's secret, not the printed seed (amplification needs it secret)
+        clients = round_clients(self.privacy.cohort_seed(), r, args.num_clients, sampled_per_round(args),
+                                args.client_sampling)
         run.started = list(clients)  # a hook that finds a client offline before it starts takes it out (the clock)
         run.cohort = clients = self.hooks.select_clients(self, run, clients)  # e.g. the clock's offline and late
         self.plan.begin_round(r)

@@ -122,6 +122,13 @@ def accounted_cohort(args) -> int:
     return sampled_per_round(args)
 
 
+def expected_cohort(args) -> int:
+    """DP-FedAvg's fixed denominator, the expected number of reports a round sums: under Poisson sampling q N,
+    the accounted cohort S' (over-selection included: every report within the deadline is kept); under fixed
+    sampling clients_per_round (a deadline round keeps at most that many reports)."""
+    return accounted_cohort(args) if args.client_sampling == "poisson" else args.clients_per_round
+
+
 def noise_multiplier(args) -> float:
     """z, the accounted noise multiplier: the given one, else calibrated to reach ``dp_epsilon`` after
     ``num_rounds`` rounds from below."""
