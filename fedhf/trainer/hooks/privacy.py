@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 NOISE_STREAM = 0xD9  # the central noise's stream tag
 COHORT_STREAM = 0xC0  # the sampled cohorts' stream tag (under DP)
 SHARE_STREAM = 0xDA  # a client's distributed-noise share
+CLIENT_SECRET = "dp_share_secret"  # the client store's name for a client's own share secret
 UNSENT = ("drift", "dp", "secagg")  # diagnostics a deployment does not send, and this hook's own namespaces
 CHECKPOINT_GROUP = "privacy"
 
@@ -179,12 +180,24 @@ class Privacy(RoundHook):
         return sent
 
     def _noise_share(self, items: Dict[str, torch.Tensor], ctx) -> Dict[str, torch.Tensor]:
-        """Distributed DP: N(0, (z C)^2 / S_min) per element, from the client's own stream; S_min or more shares sum
+        """Distributed DP: N(0, (z C)^2 / S_min) per element, from the client's own secret; S_min or more shares sum
         to at least z C."""
         std = share_noise_multiplier(self.args, self.z_sums) * self.round_clip
-        generator = torch.Generator().manual_seed(stream_seed(self.secret, SHARE_STREAM, ctx.round, ctx.client_id))
+        generator = torch.Generator().manual_seed(stream_seed(self._client_secret(ctx), SHARE_STREAM, ctx.round))
         return {k: items[k] + std * torch.randn(items[k].shape, generator=generator, dtype=torch.float64)
                 .to(items[k].device) for k in sorted(items)}
+
+    def _client_secret(self, ctx) -> int:
+        """A client's own secret for its noise shares: drawn from the operating system's entropy at its first round
+        and kept in the client store, which models the clients' devices, so the server's state (its checkpoint's
+        privacy.safetensors) never holds what would undo the clients' noise. The store is checkpointed with the run,
+        so a resumed run is still bit-identical. With ``dp_reproducible_noise``: from the seed."""
+        stored = ctx.store.get(ctx.client_id, CLIENT_SECRET)
+        if stored is None:
+            reproducible = stream_seed(self.args.seed, SHARE_STREAM, ctx.client_id)
+            stored = {"secret": torch.tensor([draw_secret(self.args.dp_reproducible_noise, reproducible)])}
+            ctx.store.put(ctx.client_id, CLIENT_SECRET, stored)
+        return int(stored["secret"][0])
 
     def _count_masked_bytes(self, sent: ClientMessages, items: Dict[str, torch.Tensor]) -> None:
         """Under secure aggregation every protected element travels as a 32-bit word (products a plain server

@@ -163,3 +163,56 @@ def test_a_checkpoint_without_a_secret_is_refused(tmp_path):
     reproducible = Privacy(types.SimpleNamespace(args=tiny_config(tmp_path, dp_reproducible_noise=True, **DP)))
     reproducible.restore_state(None, None, meta, {CHECKPOINT_GROUP: {"noise_rng": hook.noise.get_state()}})
     assert reproducible.secret == 0  # the seed, as that run's was
+
+
+def _tokens(tmp_path, lengths, **settings):
+    from datasets import Dataset
+
+    from fedhf.trainer.hooks.clock import tokens_per_round
+
+    data = Dataset.from_dict({"input_ids": [[1] * n for n in lengths]})
+    trainer = types.SimpleNamespace(args=tiny_config(tmp_path, clock_profile="uniform", **settings),
+                                    train_dataset=data, client_partitions=[[0, 1], [2, 3]])
+    return tokens_per_round(trainer)
+
+
+def test_under_dp_the_clock_counts_no_clients_own_row_lengths(tmp_path):
+    """Client 0's rows long and client 1's short, or the reverse: without DP each client's compute time follows
+    its own rows; under DP both count the training set's mean length, so who is slow, dropped or late (and the
+    withheld round of distributed DP) does not single out a client's data (N2, N6)."""
+    rows = 8  # K G B: 1 x 1 x 8
+    assert _tokens(tmp_path, [12, 12, 8, 8]) == [12.0 * rows, 8.0 * rows]
+    assert _tokens(tmp_path, [8, 8, 12, 12]) == [8.0 * rows, 12.0 * rows]
+    assert _tokens(tmp_path, [12, 12, 8, 8], **DP) == _tokens(tmp_path, [8, 8, 12, 12], **DP) == [10.0 * rows] * 2
+
+
+def test_distributed_shares_do_not_follow_anything_the_server_keeps(tmp_path):
+    """N7: the server's secret (its checkpoint's privacy.safetensors) regenerated every client's share, so whoever
+    held the server's state could subtract the noise. Now each client's share follows its own secret, kept in the
+    client store (the clients' devices)."""
+    from fedhf.core.client_store import ClientStateStore
+    from fedhf.trainer.hooks.privacy import CLIENT_SECRET, SHARE_STREAM
+
+    args = tiny_config(tmp_path, dp_mode="distributed", dp_clip_norm=0.5, dp_noise_multiplier=1.0,
+                       secure_aggregation=True)
+
+    def share(hook, store, client=0):
+        ctx = types.SimpleNamespace(round=0, client_id=client, store=store)
+        return hook._noise_share({"dx.a": torch.zeros(1000, dtype=torch.float64)}, ctx)["dx.a"]
+
+    hook, store = Privacy(types.SimpleNamespace(args=args)), ClientStateStore()
+    mine = share(hook, store)
+    std = 0.5 / 2  # z C / sqrt(S_min = 4)
+    for server_guess in (stream_seed(hook.secret, SHARE_STREAM, 0, 0), stream_seed(hook.secret, SHARE_STREAM, 0)):
+        regenerated = std * torch.randn(1000, generator=torch.Generator().manual_seed(server_guess),
+                                        dtype=torch.float64)
+        assert not torch.allclose(regenerated, mine)
+    assert torch.equal(share(hook, store), mine)  # the client's own secret, kept: a resumed run repeats it
+    assert not torch.equal(share(hook, ClientStateStore()), mine)  # same server secret, another device: other noise
+    secret = int(store.get(0, CLIENT_SECRET)["secret"][0])
+    _, groups = hook.checkpoint_state(None, None)
+    assert secret not in [int(v.flatten()[0]) for v in groups[CHECKPOINT_GROUP].values() if v.numel() == 1]
+    reproducible = tiny_config(tmp_path, dp_mode="distributed", dp_clip_norm=0.5, dp_noise_multiplier=1.0,
+                               secure_aggregation=True, dp_reproducible_noise=True)
+    one, two = (Privacy(types.SimpleNamespace(args=reproducible)) for _ in range(2))
+    assert torch.equal(share(one, ClientStateStore()), share(two, ClientStateStore()))
