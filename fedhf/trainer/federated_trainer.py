@@ -313,7 +313,9 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
         if sums.scalar("w") > 0:
             self._server_update(run, sums, round_lr)
         else:
-            logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
+            logger.warning("round %d: %s; the global model is unchanged", r + 1,
+                           "the round's sum was withheld (fewer survivors than dp_min_survivors)"
+                           if sums.scalar("n") > 0 else "no client survived")
         # 5. the new global model into the resident model
         self._load_global(run)
         self.plan.end_round()

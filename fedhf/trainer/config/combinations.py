@@ -321,8 +321,9 @@ COMBINATIONS: List[Refusal] = [
             lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, and the model fedhf "
                       "evaluates, saves and pushes carries their clients' exact mean, which DP neither clips nor "
                       "noises (and the model is not meaningful without them)",
-            "use parameter_sharing='all' under dp_mode (every trained tensor is clipped and noised), or turn "
-            "dp_mode off"),
+            lambda s: ("drop the `personal` list from parameter_sharing_kwargs" if s.sharing.preset == "all" else
+                       "use parameter_sharing='all'") + " under dp_mode (every trained tensor is then clipped and "
+                      "noised), or turn dp_mode off"),
     Refusal(lambda s: _dp(s) and s.rule.aggregator.sends_products,
             lambda s: f"`server_rule={s.rule.name!r}` has each client send its whole LoRA product B_i A_i, not a "
                       "change: DP's clip and fixed denominator (meant for changes) would shrink and rescale the "
