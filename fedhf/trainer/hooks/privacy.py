@@ -54,6 +54,9 @@ SHARE_STREAM = 0xDA  # a client's distributed-noise share
 CLIENT_SECRET = "dp_share_secret"  # the client store's name for a client's own share secret
 UNSENT = ("drift", "dp", "secagg")  # diagnostics a deployment does not send, and this hook's own namespaces
 CHECKPOINT_GROUP = "privacy"
+# a round's log entries that follow client data outside the noisy sums, withheld under DP: how many clients had a
+# non-finite loss or update, and this machine's wall-clock times (they follow the clients' row lengths)
+WITHHELD = ("excluded_clients", "round_runtime", "compression_seconds")
 
 
 def full_items(sent: ClientMessages) -> Dict[str, torch.Tensor]:
@@ -284,7 +287,8 @@ class Privacy(RoundHook):
     def after_aggregate(self, trainer, run, sums, entry: dict) -> None:
         if not self.dp:
             return
-        entry.pop("excluded_clients", None)  # whose update or loss was non-finite: an un-noised count of client data
+        for key in WITHHELD:
+            entry.pop(key, None)
         entry.update({"dp_epsilon": self.accountant.step(), "dp_noise_multiplier": self.z,
                       "dp_clip_norm": self.round_clip})
         if self.args.dp_mode == "distributed":  # the server knows who took part: no amplification by sampling

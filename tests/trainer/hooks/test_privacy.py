@@ -120,7 +120,7 @@ def test_the_noise_follows_a_secret_drawn_per_run_not_the_seed_the_card_prints(t
                           dp_reproducible_noise=True)
     assert torch.equal(_first_noise(reproducible)[1], from_seed)
     history = [{"round": 1, "dp_epsilon": 1.0, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}]
-    assert "| noise | simulation: noise reproducible from the seed, no guarantee |" in \
+    assert "| noise | simulation: noise and cohorts reproducible from the seed, no guarantee |" in \
         privacy_card_rows(reproducible, history)
     assert not any("reproducible" in row for row in privacy_card_rows(args, history))
     reproducible.push_to_hub = True  # (the offline suite refuses push_to_hub itself first, so checked here)

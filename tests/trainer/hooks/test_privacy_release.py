@@ -216,3 +216,18 @@ def test_distributed_shares_do_not_follow_anything_the_server_keeps(tmp_path):
                                secure_aggregation=True, dp_reproducible_noise=True)
     one, two = (Privacy(types.SimpleNamespace(args=reproducible)) for _ in range(2))
     assert torch.equal(share(one, ClientStateStore()), share(two, ClientStateStore()))
+
+
+# docs/privacy.md, "What is released": every key of a DP run's round log (the simulated clock's included)
+RELEASED = {"round", "learning_rate", "train_loss", "participants", "uplink_MB", "downlink_MB", "communicated_MB",
+            "dp_epsilon", "dp_noise_multiplier", "dp_clip_norm"}
+CLOCK_COLUMNS = {"sim_round_s", "sim_time_s", "sim_dropped", "sim_offline", "sim_wasted_client_s"}
+
+
+def test_a_dp_runs_log_holds_exactly_what_the_docs_list_as_released(tmp_path):
+    trainer = tiny_run(tmp_path, num_rounds=1, clock_profile="uniform", uplink_compression="int8", **DP)
+    assert set(_history_file(trainer)[0]) == RELEASED | CLOCK_COLUMNS
+    assert all(h["train_loss"] != h["train_loss"] for h in trainer.federated_history)  # NaN: the loss is not sent
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "privacy.md")).read()
+    released = doc[doc.index("## What is released"):doc.index("Not released under DP")]
+    assert all(f"`{key}`" in released for key in RELEASED | CLOCK_COLUMNS)
