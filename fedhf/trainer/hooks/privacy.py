@@ -23,9 +23,13 @@ against the server, which knows the cohort (one participation, and a client in e
 (and after a resume) too. The accountant's round count, the adaptive C, the run's secret and the noise stream's
 state are part of the round checkpoint, so a resumed run is bit-identical, noise included.
 
-Every random draw of the mechanism (central noise, noise shares, secure aggregation's masks and rounding) comes
-from the run's secret (fedhf/privacy/secret.py): drawn from the operating system's entropy on the main process and
-broadcast, never derived from the seed the model card prints (unless ``dp_reproducible_noise``, for tests).
+Every random draw of the mechanism (the cohorts under DP, through :meth:`Privacy.cohort_seed`; central noise,
+secure aggregation's masks and rounding) comes from the run's secret (fedhf/privacy/secret.py): drawn from the
+operating system's entropy on the main process and broadcast, never derived from the seed the model card prints
+(unless ``dp_reproducible_noise``, for tests). A distributed-DP client's noise shares follow its own secret, kept
+in the client store (the clients' devices), so the server's state cannot undo them. Under DP the round's log loses
+what follows client data outside the noise (``WITHHELD``), and a user hook's additions are kept only where
+declared (fedhf/trainer/hooks/user_hooks_under_dp.py).
 """
 
 from __future__ import annotations
