@@ -35,6 +35,10 @@ from fedhf.metrics import accuracy_metrics  # noqa: E402
 
 
 class UpdateNorms(RoundHook):
+    # Under client-level DP fedhf writes only the keys a user hook declares here: the norms are read from unclipped,
+    # un-noised client messages, so they are withheld then; the blocked count depends on the blocklist alone.
+    released_under_dp = ("blocked_clients_total",)
+
     def __init__(self, blocklist: Sequence[int] = ()) -> None:
         self.blocklist = set(blocklist)
         self.norms: Dict[int, float] = {}  # this process's clients of the round

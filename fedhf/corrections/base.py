@@ -22,7 +22,9 @@ object serves any number of clients at once (batched clients train side by side)
 from __future__ import annotations
 
 from abc import ABC
-from typing import Any
+from typing import Any, Dict
+
+import torch
 
 from ..core.context import ClientContext, ServerContext
 from ..core.message import Message
@@ -42,6 +44,11 @@ class Correction(ABC):
 
     def server_init(self, global_params: TensorDict) -> TensorDict:
         """State the server keeps and broadcasts to the round's clients (its bytes count as downlink)."""
+        return {}
+
+    def sent_shapes(self, global_params: TensorDict) -> Dict[str, torch.Size]:
+        """The tensors ``client_end``'s message carries, by key and shape, known before any client has sent one
+        (client-level DP noises a round that no client sent in on them: fedhf/trainer/hooks/privacy.py)."""
         return {}
 
     def client_state_bytes(self, global_params: TensorDict) -> int:

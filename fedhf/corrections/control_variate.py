@@ -17,6 +17,7 @@ no gradient effect, and keeps c_i per worker instead of per client), this is the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Dict
 
 import torch
 
@@ -69,6 +70,9 @@ class ControlVariate(Correction):
         new_c_i = {n: ctx.trained.keep_untrained(n, e, c_i[n]) for n, e in estimate.items()}
         ctx.store.put(ctx.client_id, "scaffold_c", new_c_i)
         return Message().put("dc", {n: new_c_i[n] - c_i[n] for n in new_c_i})  # unweighted: the server divides by N
+
+    def sent_shapes(self, global_params: TensorDict) -> Dict[str, torch.Size]:
+        return {f"dc.{n}": t.shape for n, t in global_params.items()}  # the change of the client's own state
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         dc = ctx.sums.tensors("dc", ctx.global_params)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -133,6 +133,9 @@ class ParameterTracking(Correction):
         ctx.store.put(ctx.client_id, STORE_KEY, new_y_i)
         message = Message().put("dy", {n: new_y_i[n] - y_i[n] for n in new_y_i})  # unweighted: the server divides by N
         return message.put_scalar("n_track", 1.0)
+
+    def sent_shapes(self, global_params: TensorDict) -> Dict[str, torch.Size]:
+        return {f"dy.{n}": t.shape for n, t in global_params.items()}  # the change of the client's own state
 
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
         if ctx.num_clients < 1:

@@ -2,12 +2,15 @@
 for Privacy-Preserving Machine Learning", CCS 2017; SecAgg+: Bell, Bonawitz, Gascon, Lepoint, Raykova, CCS 2020).
 
 A client's vector is clamped to [-c, c], stochastically quantised to b bits (unbiased: rounded up with probability
-equal to the fraction), and read as integers in Z_{2^32}. Each pair of clients (i, j) of the round derives one
-pseudo-random mask stream from a seed they share; i adds the masks and j subtracts them, mod 2^32, so they cancel
-in the sum and the server learns only sum_i q_i mod 2^32. A client that drops after masking leaves its partners'
-masks uncancelled: SecAgg reconstructs the dropped client's pair seeds from the survivors' secret shares and the
-server removes those masks (:meth:`SecAggCodec.remove_dropped`); here the server regenerates them from the seeds.
-Decoding needs sum_i q_i < 2^32 (``max_clients``), which the trainer checks before any work.
+equal to the fraction), and read as integers in Z_{2^32}. Double masking, as SecAgg's: each pair of clients (i, j)
+of the round derives one pseudo-random mask stream from a seed they share; i adds the masks and j subtracts them,
+mod 2^32, so they cancel in the sum; and each client adds a self mask from a seed b_i of its own. The recovery
+(:meth:`SecAggCodec.remove_dropped`) asks the survivors, for every client of the round, for exactly one of two
+secrets: a survivor's b_i (its self mask is removed from the sum) or a dropped client's pair seeds (the masks it
+shared with the survivors are removed), never both for one client. So a client declared dropped whose masked
+upload arrives late stays hidden by its self mask: the server, holding its pair seeds, cannot unmask it alone.
+SecAgg reconstructs those secrets from the survivors' Shamir shares; here the server regenerates them from the
+seeds. Decoding needs sum_i q_i < 2^32 (``max_clients``), which the trainer checks before any work.
 
 The pair seed stands in for the key agreement (Diffie-Hellman in SecAgg): the codec's ``seed`` is the run's privacy
 secret (fedhf/privacy/secret.py: drawn from the operating system's entropy, kept in the server's checkpoint), not
@@ -25,6 +28,7 @@ from ..core.schedule import stream_seed
 
 MODULUS = 2 ** 32
 MASK_STREAM = 0x5EC  # the pair masks' stream tag
+SELF_STREAM = 0x5EE  # the self masks' stream tag
 ROUND_STREAM = 0x5ED  # the stochastic rounding's stream tag
 
 
@@ -75,11 +79,18 @@ class SecAggCodec:
         return {key: torch.randint(0, MODULUS, tuple(shapes[key]), generator=generator, dtype=torch.int64)
                 for key in sorted(shapes)}
 
+    def self_mask(self, round_index: int, client: int, shapes: Mapping[str, torch.Size]) -> Dict[str, torch.Tensor]:
+        """The client's own mask this round, PRG(b_i), one per key in sorted order."""
+        generator = torch.Generator().manual_seed(stream_seed(self.seed, SELF_STREAM, round_index, client))
+        return {key: torch.randint(0, MODULUS, tuple(shapes[key]), generator=generator, dtype=torch.int64)
+                for key in sorted(shapes)}
+
     def mask(self, encoded: Mapping[str, torch.Tensor], round_index: int, client: int,
              cohort: Iterable[int]) -> Dict[str, torch.Tensor]:
-        """q_i + sum_{j > i} m_ij - sum_{j < i} m_ij mod 2^32, over the round's other clients j."""
+        """q_i + PRG(b_i) + sum_{j > i} m_ij - sum_{j < i} m_ij mod 2^32, over the round's other clients j."""
         shapes = {k: v.shape for k, v in encoded.items()}
-        out = {k: v.clone() for k, v in encoded.items()}
+        own = self.self_mask(round_index, client, shapes)
+        out = {k: (v + own[k]) % MODULUS for k, v in encoded.items()}
         for other in cohort:
             if other == client:
                 continue
@@ -90,9 +101,18 @@ class SecAggCodec:
 
     def remove_dropped(self, total: Mapping[str, torch.Tensor], round_index: int, survivors: Sequence[int],
                        dropped: Sequence[int]) -> Dict[str, torch.Tensor]:
-        """The survivors' sum with the masks they shared with dropped clients taken out (SecAgg's recovery)."""
+        """The survivors' sum unmasked (SecAgg's recovery): each survivor's self mask and the masks each survivor
+        shared with a dropped client are taken out. A client is either a survivor (its b_i is revealed) or dropped
+        (its pair seeds are), never both: a late upload of a dropped client keeps its self mask."""
+        both = set(survivors) & set(dropped)
+        if both:
+            raise ValueError(f"clients {sorted(both)} are both survivors and dropped: revealing both their self-mask "
+                             "seed and their pair seeds would unmask their upload alone")
         shapes = {k: v.shape for k, v in total.items()}
         out = {k: v.clone() % MODULUS for k, v in total.items()}
+        for s in survivors:
+            for key, m in self.self_mask(round_index, s, shapes).items():
+                out[key] = (out[key] - m) % MODULUS
         for s in survivors:
             for d in dropped:
                 sign = 1 if s < d else -1

@@ -57,6 +57,7 @@ from .config.federated_config import FederatedConfig
 from .hooks.base import HookList, RoundHook
 from .runners.labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
 from .every_row_evaluation import EveryRowEvaluation
+from .hooks.privacy import Privacy
 from .hooks.round_features import round_hooks
 from .config.llm_guidance import warn_sgd_lr
 from .runners.local_steps import LocalSteps, faulty
@@ -247,6 +248,7 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel
             self.plan.params = self.shards.local_views(self.plan.params)
         self.state = TrainerState(max_steps=args.num_rounds, num_train_epochs=args.num_rounds)
         self.best_round = BestRound(args)
+        self.privacy = Privacy(self)  # DP and secure aggregation; its secret also draws the cohorts under DP
         self.hooks = HookList(round_hooks(self))
 
     def _fresh_run(self) -> RunState:
@@ -302,7 +304,9 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel
         args, algo, r = self.args, self.algorithm, run.rounds_done
         # 1. the round's learning rate, clients and sharing (RoLoRA's frozen factor); the hooks' round begins
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
-        clients = round_clients(args.seed, r, args.num_clients, sampled_per_round(args), args.client_sampling)
+        # under DP the sample is drawn from the run's secret, not the printed seed (amplification needs it secret)
+        clients = round_clients(self.privacy.cohort_seed(), r, args.num_clients, sampled_per_round(args),
+                                args.client_sampling)
         run.started = list(clients)  # a hook that finds a client offline before it starts takes it out (the clock)
         run.cohort = clients = self.hooks.select_clients(self, run, clients)  # e.g. the clock's offline and late
         self.plan.begin_round(r)
@@ -318,7 +322,9 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel
         if sums.scalar("w") > 0:
             self._server_update(run, sums, round_lr)
         else:
-            logger.warning("round %d: no client survived; the global model is unchanged", r + 1)
+            logger.warning("round %d: %s; the global model is unchanged", r + 1,
+                           "the round's sum was withheld (fewer survivors than dp_min_survivors)"
+                           if sums.scalar("n") > 0 else "no client survived")
         # 5. the new global model into the resident model
         self._load_global(run)
         self.plan.end_round()

@@ -293,6 +293,9 @@ def check_hub_access(args) -> None:
                          "push_to_hub=False.")
 
 
+UNPUBLISHED = ("*.bin", "*.pt", "*.pth", "*.pkl")  # pickles (training_args.bin and the like): never uploaded
+
+
 def upload_operations(folder: str, path_in_repo: str = "") -> list:
     """One ``CommitOperationAdd`` per file under ``folder`` (sorted), under ``path_in_repo``. Pickle files
     (training_args.bin and the like) are never published."""
@@ -302,7 +305,7 @@ def upload_operations(folder: str, path_in_repo: str = "") -> list:
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         for name in sorted(files):
-            if name.endswith((".bin", ".pt", ".pth", ".pkl")):
+            if name.endswith(tuple(pattern[1:] for pattern in UNPUBLISHED)):
                 continue
             relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
             operations.append(CommitOperationAdd(path_in_repo=f"{path_in_repo}/{relative}" if path_in_repo else relative,

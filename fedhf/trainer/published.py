@@ -10,9 +10,11 @@ import os
 from typing import Optional
 
 import torch
+import transformers.trainer as hf_trainer
 from transformers.trainer import TRAINING_ARGS_NAME
 
-from .hub import saved_model, write_model_card
+from ..state.checkpoint import PREFIX
+from .hub import UNPUBLISHED, saved_model, write_model_card
 
 
 class PublishedModel:
@@ -35,6 +37,27 @@ class PublishedModel:
             self._gathered_state = None
         if self.is_world_process_zero():
             self._write_card(output_dir or self.args.output_dir)
+
+    def push_to_hub(self, commit_message: Optional[str] = "End of training", blocking: bool = True,
+                    token: Optional[str] = None, revision: Optional[str] = None, private: Optional[bool] = None,
+                    **kwargs):
+        """Trainer's ``push_to_hub`` (save_model, the card, one upload of output_dir), except that no pickle is
+        uploaded: Trainer's upload skips only ``_*`` and checkpoint folders, so training_args.bin (the pickled
+        settings) would go to the Hub; the round pushes skip the same files (fedhf/trainer/hub.py,
+        ``UNPUBLISHED``)."""
+        self.callback_handler.on_push_begin(self.args, self.state, self.control)
+        token = token if token is not None else self.args.hub_token
+        if self.hub_model_id is None:
+            self.init_hf_repo(token=token, private=private)
+        self.save_model(_internal_call=True)
+        if not self.is_world_process_zero():
+            return None
+        self.create_model_card()  # fedhf's card: Trainer's model_name, tags and the like do not enter it
+        self._finish_current_push()
+        return hf_trainer.hf_api().upload_folder(
+            repo_id=self.hub_model_id, folder_path=self.args.output_dir, commit_message=commit_message, token=token,
+            run_as_future=not blocking, revision=revision if revision is not None else self.args.hub_revision,
+            ignore_patterns=["_*", f"{PREFIX}*", *UNPUBLISHED])
 
     def published_model(self):
         """The model that save_model(), push_to_hub() and the round checkpoints' model/ write.

@@ -3,6 +3,7 @@ when clients drop after masking; a masked vector alone looks nothing like the cl
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedhf.privacy import SecAggCodec
@@ -27,7 +28,7 @@ def test_masked_sum_equals_quantised_plaintext_sum_exactly():
     quantised = {c: codec.quantise(m, round_index=3, client=c) for c, m in messages.items()}
     masked = {c: codec.mask(quantised[c], 3, c, cohort) for c in cohort}
     plain = _sum(list(quantised.values()))
-    total = {k: v % MODULUS for k, v in _sum(list(masked.values())).items()}
+    total = codec.remove_dropped(_sum(list(masked.values())), 3, cohort, [])  # the self masks out
     assert all(torch.equal(total[k], plain[k]) for k in plain)  # exact integers
     # and a masked vector is not its quantised vector (masks do hide it)
     assert not torch.equal(masked[0]["dx.w"], quantised[0]["dx.w"])
@@ -64,3 +65,26 @@ def test_decodable_cohort_and_bytes():
     codec = SecAggCodec(bits=20, clip_range=1.0, seed=0)
     assert codec.max_clients * codec.levels < MODULUS <= (codec.max_clients + 1) * codec.levels
     assert masked_bytes({"a": torch.Size([3, 4])}, partners=2) == 4 * 12 + 2 * 160
+
+
+def test_a_late_upload_of_a_dropped_client_does_not_decode_after_the_recovery():
+    """Double masking (Bonawitz et al. 2017): the recovery reveals a dropped client's pair seeds, never its self
+    mask, so its masked upload arriving after the deadline is still hidden (REVIEW Part A, N8)."""
+    codec = SecAggCodec(bits=12, clip_range=2.0, seed=1)
+    messages = _clients(4)
+    cohort = list(range(4))
+    quantised = {c: codec.quantise(m, 0, c) for c, m in messages.items()}
+    masked = {c: codec.mask(quantised[c], 0, c, cohort) for c in cohort}
+    survivors, late = [0, 1, 2], 3
+    recovered = codec.remove_dropped(_sum([masked[c] for c in survivors]), 0, survivors, [late])
+    plain = _sum([quantised[c] for c in survivors])
+    assert all(torch.equal(recovered[k], plain[k]) for k in plain)
+    shapes = {k: v.shape for k, v in masked[late].items()}
+    pair = {k: sum(codec.pair_masks(0, late, s, shapes)[k] * (1 if late < s else -1) for s in survivors)
+            for k in shapes}  # what the recovery told the server
+    attempt = {k: (masked[late][k] - pair[k]) % MODULUS for k in shapes}
+    for key in shapes:
+        matches = (attempt[key] == quantised[late][key]).double().mean().item()
+        assert matches < 0.01  # uniform noise mod 2^32, not the client's 12-bit values
+    with pytest.raises(ValueError, match="both survivors and dropped"):
+        codec.remove_dropped(recovered, 0, survivors, [2])

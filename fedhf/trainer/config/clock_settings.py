@@ -4,6 +4,7 @@ The round hook that applies them is fedhf/trainer/hooks/clock.py; the profiles a
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -77,9 +78,11 @@ def budget_reached(args, entry: dict) -> bool:
 
 
 def sampled_per_round(args) -> int:
-    """How many clients the loop samples: clients_per_round, over-selected under the deadline policy."""
+    """How many clients the loop samples: clients_per_round, over-selected under the deadline policy. The product
+    is exact (the fraction the setting is written as): in floats (1 + 0.1) x 100 is 110.00000000000001, whose
+    ceiling would sample, and account, 111 clients."""
     if clock_on(args) and args.round_policy == "deadline" and args.over_selection > 0:
-        return min(args.num_clients, math.ceil((1 + args.over_selection) * args.clients_per_round))
+        return min(args.num_clients, math.ceil((1 + Fraction(str(args.over_selection))) * args.clients_per_round))
     return args.clients_per_round
 
 

@@ -202,6 +202,11 @@ COMBINATIONS: List[Refusal] = [
             and not 1 <= s.args.dp_min_survivors <= s.args.clients_per_round,
             lambda s: f"`dp_min_survivors` must be in [1, clients_per_round={s.args.clients_per_round}]",
             needs=SETTINGS),
+    Refusal(lambda s: dp_on(s.args) and s.args.max_update_norm is not None,
+            lambda s: "`max_update_norm` excludes a client whose unclipped update norm exceeds it: under DP that "
+                      "exclusion is an un-noised function of one client's data (the count and the log would release "
+                      "it), and the clip to dp_clip_norm already bounds every client; leave max_update_norm=None",
+            needs=SETTINGS),
     Refusal(lambda s: s.args.dp_reproducible_noise and s.args.push_to_hub,
             lambda s: "`dp_reproducible_noise=True` draws the noise from the seed the model card prints, which voids "
                       "the privacy guarantee: it is for tests only and cannot be combined with push_to_hub; set "
@@ -316,8 +321,9 @@ COMBINATIONS: List[Refusal] = [
             lambda s: f"`parameter_sharing={s.sharing.preset!r}` keeps personal tensors, and the model fedhf "
                       "evaluates, saves and pushes carries their clients' exact mean, which DP neither clips nor "
                       "noises (and the model is not meaningful without them)",
-            "use parameter_sharing='all' under dp_mode (every trained tensor is clipped and noised), or turn "
-            "dp_mode off"),
+            lambda s: ("drop the `personal` list from parameter_sharing_kwargs" if s.sharing.preset == "all" else
+                       "use parameter_sharing='all'") + " under dp_mode (every trained tensor is then clipped and "
+                      "noised), or turn dp_mode off"),
     Refusal(lambda s: _dp(s) and s.rule.aggregator.sends_products,
             lambda s: f"`server_rule={s.rule.name!r}` has each client send its whole LoRA product B_i A_i, not a "
                       "change: DP's clip and fixed denominator (meant for changes) would shrink and rescale the "

@@ -352,8 +352,8 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
 
     def __getstate__(self) -> dict:
         # A pickle of the config (Trainer's training_args.bin) holds the settings alone, as before; a copy builds
-        # its own algorithm when asked.
-        return {k: v for k, v in self.__dict__.items() if k != "_built"}
+        # its own algorithm when asked. No credential is pickled: every *_token field (hub_token) is None there.
+        return {k: (None if k.endswith("_token") else v) for k, v in self.__dict__.items() if k != "_built"}
 
     def build_algorithm(self):
         """A new algorithm from these settings (:meth:`built_algorithm` reuses one)."""

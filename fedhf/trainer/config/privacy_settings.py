@@ -122,6 +122,13 @@ def accounted_cohort(args) -> int:
     return sampled_per_round(args)
 
 
+def expected_cohort(args) -> int:
+    """DP-FedAvg's fixed denominator, the expected number of reports a round sums: under Poisson sampling q N,
+    the accounted cohort S' (over-selection included: every report within the deadline is kept); under fixed
+    sampling clients_per_round (a deadline round keeps at most that many reports)."""
+    return accounted_cohort(args) if args.client_sampling == "poisson" else args.clients_per_round
+
+
 def noise_multiplier(args) -> float:
     """z, the accounted noise multiplier: the given one, else calibrated to reach ``dp_epsilon`` after
     ``num_rounds`` rounds from below."""
@@ -232,12 +239,14 @@ def privacy_card_rows(args, history) -> list:
             f"| accountant / client sampling | dp-accounting {args.dp_accountant.upper()} / {sampling} |",
             f"| clip norm C / noise multiplier sigma | {clip} / {last['dp_noise_multiplier']:.4g} |",
         ]
+        rows.append("| not covered by epsilon | each round's cohort size (`participants`, message totals, the "
+                    "clock's columns) and evaluation on the eval_dataset |")
         if "dp_epsilon_vs_server_one_round" in last:
             rows.append(f"| epsilon against the server (it knows the cohort; no amplification by sampling) | "
                         f"{last['dp_epsilon_vs_server_one_round']:.4g} per round a client takes part, "
                         f"{last['dp_epsilon_vs_server_every_round']:.4g} for a client in all {last['round']} rounds |")
     if (dp_on(args) or args.secure_aggregation) and args.dp_reproducible_noise:
-        rows.append("| noise | simulation: noise reproducible from the seed, no guarantee |")
+        rows.append("| noise | simulation: noise and cohorts reproducible from the seed, no guarantee |")
     if args.secure_aggregation:
         rows.append(f"| secure aggregation (simulated) | {args.secagg_bits}-bit fixed point, pairwise masks mod 2^32 |")
     return rows

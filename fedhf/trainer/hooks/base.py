@@ -71,6 +71,11 @@ class ClientMessages:
 class RoundHook:
     """The protocol (see the module docstring); every event does nothing by default."""
 
+    #: Under client-level DP, the keys of a round's log this hook may write (values computed from public data or
+    #: the released model alone); every other key a user hook writes is withheld then
+    #: (fedhf/trainer/hooks/user_hooks_under_dp.py).
+    released_under_dp: Tuple[str, ...] = ()
+
     def on_train_begin(self, trainer, run) -> None:
         pass
 

@@ -37,6 +37,7 @@ from ...core.schedule import sample_clients
 from ...simulation import (InFlight, RoundTiming, available_clients, client_seconds, csv_profiles, deadline_round,
                           lognormal_profiles, next_arrivals, refill, staleness_weight, wait_for_all)
 from ..config.clock_settings import PROFILES, clock_on, concurrency, deadline_target
+from ..config.privacy_settings import dp_on
 from .base import ClientMessages, RoundHook
 
 KEPT_SUMS = ("excluded", "downlink_bytes")  # fedbuff: what this round's training adds and its reports do not
@@ -52,11 +53,15 @@ def profiles_of(args) -> list:
 
 def tokens_per_round(trainer) -> List[float]:
     """Each client's tokens in one round: K x G x B rows at the mean length of its rows' ``input_ids`` (one token
-    per row for data without them)."""
+    per row for data without them). Under DP every client's rows count at the whole training set's mean length:
+    with its own, a client's drop, the round's duration, the withheld round and the run's length under
+    ``clock_budget_s`` would each be a function of that client's rows, outside the noise (docs/privacy.md)."""
     args, dataset = trainer.args, trainer.train_dataset
     rows = args.local_steps * args.gradient_accumulation_steps * args.per_device_train_batch_size
     names = getattr(dataset, "column_names", None) or []
     lengths = np.array([len(x) for x in dataset["input_ids"]], dtype=np.float64) if "input_ids" in names else None
+    if lengths is not None and dp_on(args):
+        return [rows * float(lengths.mean())] * len(trainer.client_partitions)
     return [rows * (float(lengths[list(part)].mean()) if lengths is not None and len(part) else 1.0)
             for part in trainer.client_partitions]
 

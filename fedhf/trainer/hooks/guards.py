@@ -29,7 +29,12 @@ class ExclusionGuard:
         self.limit, self.streak = limit, 0
 
     def after_round(self, entry: dict, learning_rate: float, max_update_norm: Optional[float]) -> None:
-        self.streak = self.streak + 1 if entry["participants"] == 0 else 0
+        # clients trained and every one was excluded; a round no client trained in (an empty Poisson sample, every
+        # client offline or late) says nothing about the learning rate and neither counts nor breaks the streak
+        if entry["participants"] > 0:
+            self.streak = 0
+        elif entry["excluded_clients"] > 0:
+            self.streak += 1
         if self.limit and self.streak >= self.limit:
             raise AllExcludedError(
                 f"Every client was excluded in {self.streak} consecutive rounds (up to round {entry['round']}; "

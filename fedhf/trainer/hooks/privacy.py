@@ -23,9 +23,13 @@ against the server, which knows the cohort (one participation, and a client in e
 (and after a resume) too. The accountant's round count, the adaptive C, the run's secret and the noise stream's
 state are part of the round checkpoint, so a resumed run is bit-identical, noise included.
 
-Every random draw of the mechanism (central noise, noise shares, secure aggregation's masks and rounding) comes
-from the run's secret (fedhf/privacy/secret.py): drawn from the operating system's entropy on the main process and
-broadcast, never derived from the seed the model card prints (unless ``dp_reproducible_noise``, for tests).
+Every random draw of the mechanism (the cohorts under DP, through :meth:`Privacy.cohort_seed`; central noise,
+secure aggregation's masks and rounding) comes from the run's secret (fedhf/privacy/secret.py): drawn from the
+operating system's entropy on the main process and broadcast, never derived from the seed the model card prints
+(unless ``dp_reproducible_noise``, for tests). A distributed-DP client's noise shares follow its own secret, kept
+in the client store (the clients' devices), so the server's state cannot undo them. Under DP the round's log loses
+what follows client data outside the noise (``WITHHELD``), and a user hook's additions are kept only where
+declared (fedhf/trainer/hooks/user_hooks_under_dp.py).
 """
 
 from __future__ import annotations
@@ -43,15 +47,20 @@ from ...privacy.secagg import masked_bytes
 from ...privacy.secret import draw_secret
 from ...runtime.processes import value_of_the_main_process
 from .base import ClientMessages, RoundHook
-from ..config.privacy_settings import (accountant, count_std, dp_on, min_survivors, noise_multiplier, secagg_codec,
-                               share_noise_multiplier, sums_noise_multiplier)
+from ..config.privacy_settings import (accountant, count_std, dp_on, expected_cohort, min_survivors, noise_multiplier,
+                                      secagg_codec, share_noise_multiplier, sums_noise_multiplier)
 
 logger = logging.getLogger(__name__)
 
 NOISE_STREAM = 0xD9  # the central noise's stream tag
+COHORT_STREAM = 0xC0  # the sampled cohorts' stream tag (under DP)
 SHARE_STREAM = 0xDA  # a client's distributed-noise share
+CLIENT_SECRET = "dp_share_secret"  # the client store's name for a client's own share secret
 UNSENT = ("drift", "dp", "secagg")  # diagnostics a deployment does not send, and this hook's own namespaces
 CHECKPOINT_GROUP = "privacy"
+# a round's log entries that follow client data outside the noisy sums, withheld under DP: how many clients had a
+# non-finite loss or update, and this machine's wall-clock times (they follow the clients' row lengths)
+WITHHELD = ("excluded_clients", "round_runtime", "compression_seconds")
 
 
 def full_items(sent: ClientMessages) -> Dict[str, torch.Tensor]:
@@ -131,6 +140,14 @@ class Privacy(RoundHook):
     def active(self) -> bool:
         return self.dp or self.secure
 
+    def cohort_seed(self) -> int:
+        """The seed the loop samples each round's clients from. Under DP the secret's own stream: amplification by
+        sampling holds only against someone who does not know the sample, and the card prints ``seed``. Otherwise
+        (and with ``dp_reproducible_noise``, which voids the guarantee) the run's ``seed``."""
+        if self.dp and not self.args.dp_reproducible_noise:
+            return stream_seed(self.secret, COHORT_STREAM)
+        return self.args.seed
+
     # ---------------------------------------------------------------- the client side
     def on_train_begin(self, trainer, run) -> None:
         if self._next_round_over_budget():  # the first round, or the next one of a resumed run
@@ -145,8 +162,8 @@ class Privacy(RoundHook):
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:
         if not self.active:
             return sent
-        if self.dp:
-            sent.components.pop("drift", None)  # the drift metric reads Theta_i: not released under DP
+        # the drift metric reads each Theta_i outside the clipped, noised and masked sums: not computed
+        sent.components.pop("drift", None)
         sent.own.tensors.pop("loss", None)  # a 0-d value of the client's data: neither released nor masked
         items = {k: v for k, v in full_items(sent).items() if protected(k, v)}
         if self.dp:
@@ -170,12 +187,24 @@ class Privacy(RoundHook):
         return sent
 
     def _noise_share(self, items: Dict[str, torch.Tensor], ctx) -> Dict[str, torch.Tensor]:
-        """Distributed DP: N(0, (z C)^2 / S_min) per element, from the client's own stream; S_min or more shares sum
+        """Distributed DP: N(0, (z C)^2 / S_min) per element, from the client's own secret; S_min or more shares sum
         to at least z C."""
         std = share_noise_multiplier(self.args, self.z_sums) * self.round_clip
-        generator = torch.Generator().manual_seed(stream_seed(self.secret, SHARE_STREAM, ctx.round, ctx.client_id))
+        generator = torch.Generator().manual_seed(stream_seed(self._client_secret(ctx), SHARE_STREAM, ctx.round))
         return {k: items[k] + std * torch.randn(items[k].shape, generator=generator, dtype=torch.float64)
                 .to(items[k].device) for k in sorted(items)}
+
+    def _client_secret(self, ctx) -> int:
+        """A client's own secret for its noise shares: drawn from the operating system's entropy at its first round
+        and kept in the client store, which models the clients' devices, so the server's state (its checkpoint's
+        privacy.safetensors) never holds what would undo the clients' noise. The store is checkpointed with the run,
+        so a resumed run is still bit-identical. With ``dp_reproducible_noise``: from the seed."""
+        stored = ctx.store.get(ctx.client_id, CLIENT_SECRET)
+        if stored is None:
+            reproducible = stream_seed(self.args.seed, SHARE_STREAM, ctx.client_id)
+            stored = {"secret": torch.tensor([draw_secret(self.args.dp_reproducible_noise, reproducible)])}
+            ctx.store.put(ctx.client_id, CLIENT_SECRET, stored)
+        return int(stored["secret"][0])
 
     def _count_masked_bytes(self, sent: ClientMessages, items: Dict[str, torch.Tensor]) -> None:
         """Under secure aggregation every protected element travels as a 32-bit word (products a plain server
@@ -207,7 +236,7 @@ class Privacy(RoundHook):
             self.message_shapes.update({k: [] for k, v in sums.items() if _is_weight(k) and v.dim() == 0})
         if self.args.dp_mode == "central":
             std = self.z_sums * self.round_clip
-            shapes = {k: list(sums.get(k).shape) for k in keys} if keys else self._empty_round_shapes(run)
+            shapes = {k: list(sums.get(k).shape) for k in keys} if keys else self._empty_round_shapes(trainer, run)
             for key in sorted(shapes):  # sorted: the draws do not depend on the order clients were added
                 value = sums.get(key) if key in keys else torch.zeros(shapes[key], dtype=torch.float64,
                                                                         device=_device(run))
@@ -216,20 +245,24 @@ class Privacy(RoundHook):
         weights = {k for k, v in sums.items() if _is_weight(k) and v.dim() == 0}
         weights |= {k for k, shape in self.message_shapes.items() if _is_weight(k)} | {"w"}
         for key in weights:  # the fixed denominator: w_i = 1, W = the expected cohort, an empty round's too
-            sums.set(key, float(self.args.clients_per_round))
+            sums.set(key, float(expected_cohort(self.args)))
         if self.args.dp_adaptive_clip_quantile is not None:  # centred bits: unshifted by S/2 in the update
             noisy = sums.scalar("dp.below") + count_std(self.args) * float(
                 torch.randn((), generator=self.noise, dtype=torch.float64))
-            self.clip_norm = adaptive_clip_update(self.round_clip, noisy, self.args.clients_per_round,
+            self.clip_norm = adaptive_clip_update(self.round_clip, noisy, expected_cohort(self.args),
                                                   self.args.dp_adaptive_clip_quantile, self.args.dp_adaptive_clip_lr)
 
-    def _empty_round_shapes(self, run) -> Dict[str, List[int]]:
+    def _empty_round_shapes(self, trainer, run) -> Dict[str, List[int]]:
         """A round no client sent in (Poisson) is noised on every protected key: the global model's (``dx``,
-        ``buf``) and the components' keys of the last round that had messages."""
+        ``buf``), the correction's (SCAFFOLD's ``dc``, tracking's ``dy``: they mirror the global model, so they are
+        known before any client sent, and an empty first round is noised on them too) and the components' keys of
+        the last round that had messages."""
         shapes = {k: v for k, v in self.message_shapes.items() if not _is_weight(k)}
         if run is not None:
             shapes.update({f"dx.{n}": list(t.shape) for n, t in run.global_params.items()})
             shapes.update({f"buf.{n}": list(t.shape) for n, t in run.global_buffers.items()})
+            shapes.update({f"correction.{k}": list(shape) for k, shape in
+                           trainer.algorithm.correction.sent_shapes(run.global_params).items()})
         return shapes
 
     def _withhold(self, sums, keys: List[str], run) -> None:
@@ -258,6 +291,8 @@ class Privacy(RoundHook):
     def after_aggregate(self, trainer, run, sums, entry: dict) -> None:
         if not self.dp:
             return
+        for key in WITHHELD:
+            entry.pop(key, None)
         entry.update({"dp_epsilon": self.accountant.step(), "dp_noise_multiplier": self.z,
                       "dp_clip_norm": self.round_clip})
         if self.args.dp_mode == "distributed":  # the server knows who took part: no amplification by sampling
@@ -290,8 +325,12 @@ class Privacy(RoundHook):
         if not self.active:
             return
         state = groups.get(CHECKPOINT_GROUP, {})
-        # a checkpoint written before the secret existed drew everything from the seed
-        self._use_secret(int(state["secret"][0]) if "secret" in state else self.args.seed)
+        if "secret" in state:
+            self._use_secret(int(state["secret"][0]))
+        elif not self.args.dp_reproducible_noise:  # (reproducible: the secret is the seed, as that run's was)
+            raise ValueError("The checkpoint holds no privacy secret (written before fedhf kept one): the rest of the "
+                             "run's noise, shares and masks would follow the seed the card prints. Start a new run, "
+                             "or resume with dp_reproducible_noise=True (no privacy guarantee; the card says so).")
         if not self.dp:
             return
         if "privacy" not in meta or "noise_rng" not in state:

@@ -14,9 +14,10 @@ from .base import RoundHook
 from .neftune import NEFTune
 from .outputs import Checkpoints, EvalOnStart, History, HistoryPlot, HubPush, PartitionReport
 from .personal_eval import PersonalEvaluation
-from .privacy import Privacy
 from .round_metrics import DriftMetrics
 from .round_timer import RoundTimer
+from .user_hooks_under_dp import user_hooks
+from ..config.privacy_settings import dp_on
 
 
 def round_hooks(trainer) -> List[RoundHook]:
@@ -29,14 +30,15 @@ def round_hooks(trainer) -> List[RoundHook]:
         NEFTune(args.neftune_noise_alpha),  # embedding noise while training (Trainer attaches it in its own loop)
         EvalOnStart(),  # eval_on_start: round 0's evaluation
         DriftMetrics(args.drift_spectral),  # the preconditioner drift Delta_D of the clients' Theta_i
-        *trainer.user_round_hooks,  # FederatedTrainer(round_hooks=[...]): what a user adds
+        # FederatedTrainer(round_hooks=[...]): what a user adds; under DP what they log is withheld unless declared
+        *user_hooks(trainer.user_round_hooks, dp_on(args)),
         # uplink/downlink compression with error feedback; before any hook that must see what is summed (privacy)
         Compression(args.uplink_compression, args.downlink_compression, args.error_feedback,
                     trainer.algorithm.local_optimizer.cls, released=args.dp_mode == "off"),
         ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded
         # client-level DP and secure aggregation: after every hook that changes messages (its clip bounds exactly
         # what is summed), before History (its dp_epsilon goes into the round's entry)
-        Privacy(trainer),
+        trainer.privacy,  # built by the trainer's run (fedhf/trainer/hooks/privacy.py): it samples the cohorts too
         # clock_profile: which clients a round uses and its simulated seconds; under fedbuff it holds each client's
         # messages until it reports, so it comes after every hook that changes messages
         VirtualClock(trainer),

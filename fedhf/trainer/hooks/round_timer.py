@@ -25,7 +25,9 @@ SLOWDOWN = 1.5  # a round this many times slower than the fastest so far counts 
 def contention_message(seconds: List[float], load: float, cores: int, threads: int) -> Optional[str]:
     """The warning for the last of ``seconds`` (one per round so far), or None: the 1-minute load average exceeds
     the cores, torch runs more than one thread, and the round took SLOWDOWN x the fastest earlier round."""
-    if len(seconds) < 2 or threads <= 1 or load <= cores or seconds[-1] < SLOWDOWN * min(seconds[:-1]):
+    # an empty round (no client sampled) can take 0.000 s: no ratio to it
+    if len(seconds) < 2 or threads <= 1 or load <= cores or seconds[-1] < SLOWDOWN * min(seconds[:-1]) \
+            or min(seconds[:-1]) <= 0:
         return None
     return (f"round {len(seconds)} took {seconds[-1]:.1f} s, {seconds[-1] / min(seconds[:-1]):.1f}x the fastest, "
             f"while the load average ({load:.1f}) exceeds the {cores} CPU cores and torch runs {threads} threads: on "

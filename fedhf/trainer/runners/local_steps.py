@@ -26,6 +26,7 @@ from ...optim.newton_schulz_pool import StepsTogether
 from ...optim.whole_matrices import over_shards
 from ...runtime.labelled_logits import at_labelled_positions
 from ...runtime.model_outputs import loss_items
+from ..config.privacy_settings import dp_on
 from ..hooks.base import ClientMessages
 from .labelled_positions import own_loss
 
@@ -187,7 +188,10 @@ class LocalSteps:
         problem = trainer._faulty(loss_sum, delta)
         if problem:
             # Excluded from every sum (and its persistent state is left as it was), so it cannot poison the round.
-            logger.warning("round %d: client %d excluded (%s)", ctx.round + 1, ctx.client_id, problem)
+            if dp_on(trainer.args):  # which client, and why, is a fact of its data that the noise does not cover
+                logger.warning("round %d: a client was excluded (not logged which, nor why, under DP)", ctx.round + 1)
+            else:
+                logger.warning("round %d: client %d excluded (%s)", ctx.round + 1, ctx.client_id, problem)
             sums.add("excluded", 1.0)
             return
         plan.keep_personal(trainer.client_store, ctx.client_id)

@@ -14,6 +14,7 @@ import torch
 from fedhf import ClientMessages, RoundHook
 from fedhf.core.message import Message
 from fedhf.state.run import RunState
+from fedhf.trainer.hooks.user_hooks_under_dp import ReleasedOnly
 
 from tests.helpers import config, lora_minilm, tweet_trainer
 
@@ -51,10 +52,15 @@ def _hooks(trainer):
     return [pytest.param(hook, id=type(hook).__name__) for hook in trainer.hooks.hooks]
 
 
+def _with_users(trainer):
+    """The run's hooks, and under DP each user hook inside its ReleasedOnly too."""
+    return list(trainer.hooks.hooks) + [h.hook for h in trainer.hooks.hooks if isinstance(h, ReleasedOnly)]
+
+
 def test_every_hook_of_the_run_and_the_users_is_a_round_hook_keeping_the_signatures(trained):
-    names = [type(h).__name__ for h in trained.hooks.hooks]
-    assert "UpdateNorms" in names and "VirtualClock" in names and "Privacy" in names
-    for hook in trained.hooks.hooks:
+    names = [type(h).__name__ for h in _with_users(trained)]
+    assert "UpdateNorms" in names and "ReleasedOnly" in names and "VirtualClock" in names and "Privacy" in names
+    for hook in _with_users(trained):
         assert isinstance(hook, RoundHook)
         for event in EVENTS:
             mine = getattr(type(hook), event)
@@ -91,9 +97,12 @@ def test_checkpoint_state_is_json_and_named_tensors_and_restores_to_the_same_sta
         assert all(torch.equal(again_groups[g][k], groups[g][k]) for g in groups for k in groups[g])
 
 
-def test_the_users_hook_wrote_its_metrics_and_blocked_its_client(trained):
+def test_the_users_hook_wrote_only_what_it_declared_under_dp(trained):
+    """The run is under DP: the example's update norms (read from unclipped messages) are withheld, its declared
+    blocklist count is written (docs/privacy.md, "Your own round hooks under DP")."""
     history = trained.federated_history
-    assert all("update_norm_median" in h and h["update_norm_max"] >= h["update_norm_median"] > 0 for h in history)
+    assert all(set(_declared()) <= set(h) for h in history)
+    assert not [k for h in history for k in h if k.startswith("update_norm")]
     assert "sim_time_s" in history[-1] and "dp_epsilon" in history[-1]
 
 
@@ -130,3 +139,9 @@ def test_every_server_rule_aggregates_what_on_client_message_returned(digits, tm
     plain, passed_on = run("plain", []), run("passed_on", [_Unchanged()])
     assert any(not torch.equal(plain[n], untouched[n]) for n in untouched)
     assert all(torch.equal(plain[n], passed_on[n]) for n in plain)  # w_i Delta_i / w_i: Delta_i to the last bit
+
+
+def _declared():
+    from round_hook_update_norms import UpdateNorms
+
+    return UpdateNorms.released_under_dp

@@ -20,6 +20,7 @@ from dp_accounting.rdp import RdpAccountant
 import fedhf.trainer.federated_trainer as federated_trainer
 from fedhf import FederatedTrainer
 import fedhf.trainer.hooks.privacy as privacy_hook
+from fedhf.core.client_store import ClientStateStore
 from fedhf.core.message import Message
 from fedhf.core.schedule import round_clients, stream_seed
 from fedhf.core.sums import RoundSums
@@ -119,7 +120,7 @@ def test_the_noise_follows_a_secret_drawn_per_run_not_the_seed_the_card_prints(t
                           dp_reproducible_noise=True)
     assert torch.equal(_first_noise(reproducible)[1], from_seed)
     history = [{"round": 1, "dp_epsilon": 1.0, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}]
-    assert "| noise | simulation: noise reproducible from the seed, no guarantee |" in \
+    assert "| noise | simulation: noise and cohorts reproducible from the seed, no guarantee |" in \
         privacy_card_rows(reproducible, history)
     assert not any("reproducible" in row for row in privacy_card_rows(args, history))
     reproducible.push_to_hub = True  # (the offline suite refuses push_to_hub itself first, so checked here)
@@ -159,7 +160,8 @@ def test_an_empty_poisson_round_is_noised_and_the_server_update_runs(tmp_path, m
     assert round_clients(5, 0, 4, 1, "poisson") == []  # seed 5's first round has no client
     before = trainable_state(lora_minilm(minilm, dropout=False))
     trainer, after = _run(tmp_path, minilm, tweets, tokenizer, seed=5, num_rounds=1, clients_per_round=1,
-                          client_sampling="poisson", dp_noise_multiplier=1.0, **DP)
+                          client_sampling="poisson", dp_noise_multiplier=1.0, dp_reproducible_noise=True,
+                          **DP)  # reproducible: the cohorts are the seed's (else the secret's)
     assert trainer.federated_history[0]["participants"] == 0
     change = torch.cat([(after[k] - before[k]).double().flatten() for k in before])
     assert bool((change != 0).all())  # every protected tensor was noised
@@ -167,11 +169,15 @@ def test_an_empty_poisson_round_is_noised_and_the_server_update_runs(tmp_path, m
     assert change.std().item() == pytest.approx(1.0 * 0.05 / 1, rel=0.03)
 
 
+def _client(client_id: int, store: ClientStateStore, round_index: int = 0):
+    return types.SimpleNamespace(round=round_index, client_id=client_id, store=store)
+
+
 def test_distributed_shares_sum_to_noise_of_std_sigma_c(tmp_path):
     args = config(tmp_path, num_clients=8, clients_per_round=8, dp_mode="distributed", dp_clip_norm=0.5,
                   dp_noise_multiplier=1.2, secure_aggregation=True)
-    hook = Privacy(types.SimpleNamespace(args=args))
-    total = sum(hook._noise_share({"dx.a": torch.zeros(40_000)}, types.SimpleNamespace(round=0, client_id=c))["dx.a"]
+    hook, store = Privacy(types.SimpleNamespace(args=args)), ClientStateStore()
+    total = sum(hook._noise_share({"dx.a": torch.zeros(40_000)}, _client(c, store))["dx.a"]
                 for c in range(8))
     assert total.std().item() == pytest.approx(1.2 * 0.5, rel=0.02)  # 5.7 stds of the sample std, as above
 
@@ -181,8 +187,8 @@ def test_distributed_dp_shares_carry_the_accounted_noise_or_the_round_is_withhel
     accountant's noise (before: z C sqrt(2/4), released as if z C), so the round's sum is not released."""
     args = config(tmp_path, num_clients=4, clients_per_round=4, dp_mode="distributed", dp_clip_norm=0.5,
                   dp_noise_multiplier=1.2, secure_aggregation=True, dp_min_survivors=3)
-    hook = Privacy(types.SimpleNamespace(args=args))
-    total = sum(hook._noise_share({"dx.a": torch.zeros(40_000)}, types.SimpleNamespace(round=0, client_id=c))["dx.a"]
+    hook, store = Privacy(types.SimpleNamespace(args=args)), ClientStateStore()
+    total = sum(hook._noise_share({"dx.a": torch.zeros(40_000)}, _client(c, store))["dx.a"]
                 for c in range(3))
     assert total.std().item() == pytest.approx(1.2 * 0.5, rel=0.02)
     sums = RoundSums()
@@ -218,7 +224,7 @@ def test_distributed_dp_reports_the_epsilon_against_the_server(tmp_path):
 def test_dp_fedavg_without_noise_or_clipping_is_fedavg_exactly(tmp_path, minilm, tweets, tokenizer):
     _, plain = _run(tmp_path, minilm, tweets, tokenizer, name="plain")
     trainer, private = _run(tmp_path, minilm, tweets, tokenizer, name="dp", dp_mode="central", dp_clip_norm=1e9,
-                            dp_noise_multiplier=0.0)
+                            dp_noise_multiplier=0.0, dp_reproducible_noise=True)  # the seed's cohorts, as plain's
     assert all(torch.equal(plain[k], private[k]) for k in plain)
     assert [h["dp_epsilon"] for h in trainer.federated_history] == [math.inf, math.inf]
 
