@@ -42,7 +42,7 @@ def test_algorithms_lists_every_named_algorithm_with_names_the_config_accepts(ca
     assert main(["algorithms"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
     assert sorted(rows) == list_algorithms() and len(rows) == len(list_algorithms())
-    for name, (optimizer, sync, correction, rule, secagg) in rows.items():
+    for name, (optimizer, sync, correction, rule, lr, matrix_lr, server_lr, secagg) in rows.items():
         assert (optimizer in LOCAL_OPTIMIZERS and sync in STATE_SYNCS and correction in CORRECTIONS
                 and rule in SERVER_RULES), (name, optimizer, sync, correction, rule)
         # the four names rebuild the algorithm's axes (its own hyperparameters aside)
@@ -54,7 +54,11 @@ def test_algorithms_lists_every_named_algorithm_with_names_the_config_accepts(ca
         assert [type(r.aggregator) for r in rules] == [type(rules[1].aggregator)] * 2
         assert [t.name for t in rules[0].transforms] == [t.name for t in rules[1].transforms], name
         assert rebuilt.local_optimizer.optimizer == algo.local_optimizer.optimizer
+        # the default lrs are the algorithm's own: its clients', Muon's matrices' and its server's
+        assert float(lr) == algo.local_optimizer.lr and float(server_lr.split(",")[0]) > 0
+        assert (matrix_lr != "-") == (optimizer == "muon")
         assert secagg == "yes"  # every named algorithm's server halves read sums only (robust rules are not named)
+    assert rows["fedpac_muon"][4:7] == ["0.0003", "0.03", "1"] and rows["local_soap"][4:7] == ["0.003", "-", "1"]
     assert rows["fadam_gt"][2] == "gradient_tracking" and rows["scaffold"][:4] == ["sgd", "reset", "control_variate",
                                                                                  "mean"]
 
