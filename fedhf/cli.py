@@ -174,11 +174,20 @@ def train(config: str, overrides: List[str], resume: Union[str, bool, None] = No
         raise KeyboardInterrupt(f"interrupted; {_resume_hint(args.output_dir, command)}") from None
     trainer.save_model(os.path.join(args.output_dir, "final"))
     last = trainer.federated_history[-1]
-    shown = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_generation_accuracy")
-    summary = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k in shown)
     if trainer.is_world_process_zero():  # one line for the run, not one per process
-        print(f"round {last['round']}: {summary or 'no evaluation'} -- outputs in {args.output_dir}")
+        print(summary_line(last, args))
     return last
+
+
+def summary_line(last: dict, args) -> str:
+    """The run's last line: the final round's eval metrics, the privacy spent under DP, where the outputs are."""
+    from .trainer.config.privacy_settings import dp_delta
+
+    shown = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_generation_accuracy")
+    parts = [", ".join(f"{k} {v:.4f}" for k, v in last.items() if k in shown) or "no evaluation"]
+    if "dp_epsilon" in last:
+        parts.append(f"epsilon {last['dp_epsilon']:.3g} at delta {dp_delta(args):.2g} (client-level DP)")
+    return f"round {last['round']}: {'; '.join(parts)} -- outputs in {args.output_dir}"
 
 
 def partition(config: str, overrides: List[str]) -> List[str]:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import yaml
+from transformers.utils import logging
 
 from .runtime.hardware import cpu_has_bf16_matmul
 from .trainer.config.federated_config import FederatedConfig
@@ -34,6 +35,7 @@ BUNDLED_MODELS: Dict[str, Callable[[], str]] = {"bundled-minilm": minilm_path,
                                                 bundled_gemma.NAME: bundled_gemma.gemma_3_270m_path}
 LOCAL_DATA_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _TRUE = {"1", "ON", "YES", "TRUE"}
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -303,6 +305,9 @@ def build_causal_lm(recipe: Recipe, splits) -> Built:
             model = prepare_model_for_kbit_training(model)
     held_out = splits["test"]
     rows = min(recipe.data.generation_rows, len(held_out))
+    short = generation_rows_warning(recipe.data.generation_rows, len(held_out))
+    if short:
+        logger.warning(short)
     if rows and not {"prompt", "completion"} <= set(held_out.column_names):
         raise ValueError(f"{recipe.path}: `data.generation_rows` scores answers to prompts: the data needs `prompt` "
                          f"and `completion` columns, it has {held_out.column_names}.")
@@ -311,6 +316,16 @@ def build_causal_lm(recipe: Recipe, splits) -> Built:
     test = tokenize_sft(held_out, tokenizer, max_length=recipe.data.max_length)
     return Built(_with_lora(model, recipe, "CAUSAL_LM"), train, test, SFTCollator(tokenizer), tokenizer,
                  callbacks=[GenerationEvalCallback(tokenizer, prompts, answers)])
+
+
+def generation_rows_warning(asked: int, held_out: int) -> Optional[str]:
+    """``data.generation_rows`` beyond the held-out rows: only those are scored (they are the eval rows: the
+    prompts are held out from training either way), which the user should know rather than read 5/32 as 5/50."""
+    if asked <= held_out:
+        return None
+    return (f"`data.generation_rows`={asked} but the held-out split has {held_out} rows (`data.eval_rows`): "
+            f"generation accuracy is scored on {held_out} prompts, the eval rows. Set `data.eval_rows` to {asked} "
+            "or more to score them all.")
 
 
 def resolve_model(name: str) -> str:

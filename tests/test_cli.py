@@ -251,3 +251,15 @@ def test_push_to_hub_without_a_network_gets_fedhfs_message(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert err.startswith("fedhf: error: push_to_hub=True could not reach the Hub") and "--push_to_hub false" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_summary_line_gives_epsilon_and_delta_under_dp():
+    from types import SimpleNamespace
+
+    from fedhf.cli import summary_line
+
+    args = SimpleNamespace(dp_delta=None, num_clients=300, output_dir="out")
+    last = {"round": 3, "eval_loss": 1.0571, "eval_accuracy": 0.436, "dp_epsilon": 3.0004}
+    assert summary_line(last, args) == ("round 3: eval_loss 1.0571, eval_accuracy 0.4360; epsilon 3 at delta "
+                                        "0.0019 (client-level DP) -- outputs in out")
+    assert summary_line({"round": 2}, args) == "round 2: no evaluation -- outputs in out"

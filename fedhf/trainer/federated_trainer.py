@@ -63,6 +63,7 @@ from .runners.local_steps import LocalSteps, faulty
 from .runners.loss_scaling import LossScale
 from .runners.memory_plan import check_budget, plan_memory, plan_text
 from .hooks.outputs import HISTORY_FILE, restore_run
+from .late_metrics import LateMetricsLog
 from .published import PublishedModel
 from .runners.base import choose_runner
 from ..server.server_needs import base_fold, gathering
@@ -71,7 +72,7 @@ from .config.settings import expose_rounds_to_callbacks, should_evaluate, should
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
+class FederatedTrainer(LabelledPositionsLoss, LateMetricsLog, PublishedModel, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
