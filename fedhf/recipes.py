@@ -93,7 +93,7 @@ class Recipe:
 
         parser = HfArgumentParser(FederatedConfig, allow_abbrev=False, exit_on_error=False)
         parser.set_defaults(**self.train)
-        (args,) = parser.parse_args_into_dataclasses(args=list(overrides))
+        (args,) = parser.parse_args_into_dataclasses(args=bf16_auto_flag(list(overrides), self.train))
         return args
 
 
@@ -131,6 +131,22 @@ def _resolve_bf16(train: Dict[str, Any]) -> Dict[str, Any]:
         return train
     on_gpu = not train.get("use_cpu") and torch.cuda.is_available()
     return {**train, "bf16": bool(torch.cuda.is_bf16_supported() if on_gpu else cpu_has_bf16_matmul())}
+
+
+def bf16_auto_flag(overrides: List[str], train: Dict[str, Any]) -> List[str]:
+    """``--bf16 auto`` (or ``--bf16=auto``) on the command line means what ``bf16: auto`` means in a recipe
+    (:func:`_resolve_bf16`), with ``--use_cpu`` from the same command line."""
+    out = list(overrides)
+    use_cpu = {**train}.get("use_cpu", False)
+    for i, flag in enumerate(out[:-1]):
+        if flag == "--use_cpu":
+            use_cpu = str(out[i + 1]).strip().lower() in ("1", "true", "yes", "on")
+    for i, flag in enumerate(out):
+        if flag == "--bf16=auto" or (flag == "--bf16" and i + 1 < len(out) and out[i + 1] == "auto"):
+            value = str(_resolve_bf16({"use_cpu": use_cpu, "bf16": "auto"})["bf16"])
+            out[i:i + (1 if flag == "--bf16=auto" else 2)] = ["--bf16", value]
+            break
+    return out
 
 
 def load_recipe(path: str) -> Recipe:
