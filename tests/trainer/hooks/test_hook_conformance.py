@@ -95,3 +95,24 @@ def test_the_users_hook_wrote_its_metrics_and_blocked_its_client(trained):
     history = trained.federated_history
     assert all("update_norm_median" in h and h["update_norm_max"] >= h["update_norm_median"] > 0 for h in history)
     assert "sim_time_s" in history[-1] and "dp_epsilon" in history[-1]
+
+
+def test_check_round_hook_passes_every_hook_of_the_run_and_names_a_broken_one(trained):
+    """fedhf.testing.check_round_hook: the same checks for a user's hook, without this file."""
+    from fedhf.testing import check_round_hook
+
+    for hook in trained.hooks.hooks:
+        check_round_hook(hook, trained)
+
+    class Repeats(RoundHook):
+        def select_clients(self, trainer, run, clients):
+            return clients + clients[:1]
+
+    class Renamed(RoundHook):
+        def after_aggregate(self, trainer, run, sums, log):
+            log["x"] = 1.0
+
+    with pytest.raises(AssertionError, match="Repeats.select_clients answered"):
+        check_round_hook(Repeats(), trained)
+    with pytest.raises(AssertionError, match=r"Renamed.after_aggregate takes .*'log'\]; the protocol's"):
+        check_round_hook(Renamed(), trained)
