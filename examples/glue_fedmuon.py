@@ -130,8 +130,16 @@ def load_model_config(script: ScriptArguments, task: Task, offline: Optional[str
             raise
         raise OfflineError(
             f"--model_name_or_path {name} is not available offline ({offline}): it is neither a local folder nor in "
-            f"the Hugging Face cache ({hub_constants.HF_HUB_CACHE}); pass a local path, e.g. --model_name_or_path "
-            f"{BUNDLED_MODEL}, or run online.") from err
+            f"the Hugging Face cache ({hub_constants.HF_HUB_CACHE}); run offline with {offline_flags(script)}, or "
+            "run online.") from err
+
+
+def offline_flags(script: ScriptArguments) -> str:
+    """Every flag to change to run on the bundled model and data, in one message (not one round trip each)."""
+    flags = [f"--model_name_or_path {BUNDLED_MODEL}"]
+    if script.task != BUNDLED_TASK:
+        flags.append(f"--task {BUNDLED_TASK} (--task {script.task} reads {GLUE} from the Hub too)")
+    return " ".join(flags)
 
 
 def load_glue(name: str, offline: Optional[str]) -> datasets.DatasetDict:

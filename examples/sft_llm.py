@@ -33,7 +33,8 @@ from fedhf.metrics import GenerationEvalCallback
 from fedhf.runtime.hardware import cpu_has_bf16_matmul
 
 BUNDLED_MODEL, BUNDLED_DATA = "bundled-tiny-llama", "bundled-tweets-instructions"
-OFFLINE_FIX = f"--model_name_or_path {BUNDLED_MODEL} --dataset {BUNDLED_DATA}"
+OFFLINE_FIX = (f"--model_name_or_path {bundled_gemma.NAME} --dataset {BUNDLED_DATA} (or {BUNDLED_MODEL}: seconds, "
+               "not minutes)")
 # The example's own flat recipe, for its extra flags (--load_in_4bit, --lora_r, ...); `fedhf train` runs sectioned
 # causal-LM recipes too (recipes/tweets_tinyllama_sft_fedmuon_dir0.5_n8.yaml).
 RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_smollm2_lora_fedmuon_dolly.yaml")
@@ -144,6 +145,9 @@ def main(argv=None) -> dict:
     parser = HfArgumentParser((FederatedConfig, SFTArguments))
     parser.set_defaults(**recipe)
     args, extras = parser.parse_args_into_dataclasses(args=rest)
+    if args.process_index == 0:  # the settings not given as flags, and where they come from
+        print(f"sft_llm.py: defaults from {os.path.relpath(known.recipe)} (--recipe; flags override them): "
+              + ", ".join(f"{k}={v}" for k, v in recipe.items() if f"--{k}" not in rest and k != "use_cpu"))
     if extras.model_name_or_path == bundled_gemma.NAME:  # the pretrained Gemma-3-270M, built once into a cache
         extras.model_name_or_path = bundled_gemma.gemma_3_270m_path()
     check_offline(extras)  # before any download, model or file

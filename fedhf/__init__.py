@@ -8,10 +8,11 @@ The names below are imported on first use (PEP 562): ``import fedhf`` and the ``
 
 from importlib import import_module
 
-from .runtime.library_notices import silence_kernel_notice
+from .runtime.library_notices import ignore_checkpointing_alias, silence_kernel_notice
 from .version import __version__
 
 silence_kernel_notice()  # before any fedhf module can import peft (and with it bitsandbytes)
+ignore_checkpointing_alias()  # peft's read of a deprecated property, in the user's get_peft_model calls too
 
 # public name -> the module that defines it (trl is optional: the SFT names import it on first use only)
 _EXPORTS = {

@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 import sys
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 INTERRUPTED = 130  # the shell's status for a run ended by SIGINT
 
@@ -82,20 +82,30 @@ def _server_rule_name(rule) -> str:
     return transform if aggregator == "mean" and transform not in ("lr", "") else aggregator
 
 
+def default_lrs(algo) -> Tuple[str, str, str]:
+    """The algorithm's default learning rates: the clients' (``learning_rate``), the one Muon's matrices step at
+    (``learning_rate x muon_lr_mult``; "-" for other optimizers) and the server rule's step size(s)."""
+    local = algo.local_optimizer
+    matrices = local.lr * local.kwargs["muon_lr_mult"] if "muon_lr_mult" in local.kwargs else None
+    server = [vars(t)["lr"] for t in algo.server_rule.transforms if "lr" in vars(t)]
+    return f"{local.lr:g}", "-" if matrices is None else f"{matrices:g}", ",".join(f"{lr:g}" for lr in server)
+
+
 def algorithms_table() -> List[str]:
     """One row per named algorithm: the registry names of its local optimizer, state sync, correction and server
-    rule (each accepted by the same FederatedConfig field), and whether it survives secure aggregation (found by
+    rule (each accepted by the same FederatedConfig field), its default learning rates, and whether it survives secure aggregation (found by
     running its server halves on sums only: fedhf/privacy/secagg_check.py)."""
     from .algorithms import get_algorithm, list_algorithms
     from .corrections import CORRECTIONS
     from .privacy.secagg_check import secagg_compatibility
 
-    rows = [("algorithm", "local_optimizer", "state_sync", "correction", "server_rule", "secure aggregation")]
+    rows = [("algorithm", "local_optimizer", "state_sync", "correction", "server_rule", "lr", "muon_matrix_lr",
+             "server_lr", "secure_aggregation")]
     for name in list_algorithms():
         algo = get_algorithm(name)
         rows.append((name, algo.local_optimizer.optimizer, algo.state_sync.name,
                      _registry_name(CORRECTIONS, algo.correction), _server_rule_name(algo.server_rule),
-                     "yes" if secagg_compatibility(algo)[0] else "no"))
+                     *default_lrs(algo), "yes" if secagg_compatibility(algo)[0] else "no"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
@@ -140,7 +150,7 @@ def train(config: str, overrides: List[str], resume: Union[str, bool, None] = No
 
     recipe, args = _recipe_arguments(config, overrides)
     checkpoint = resolve_checkpoint(args.output_dir, resume)  # checked before the model and data load
-    if checkpoint is not None:
+    if checkpoint is not None and args.process_index == 0:  # every process resumes; one says so
         done = re.search(r"(\d+)$", os.path.normpath(checkpoint))
         print(f"resuming from {checkpoint} ({done.group(1) if done else '?'}/{args.num_rounds} rounds done)")
     torch.manual_seed(args.seed)  # a fresh head's (or a model from a config's) initialisation follows the seed
@@ -164,10 +174,20 @@ def train(config: str, overrides: List[str], resume: Union[str, bool, None] = No
         raise KeyboardInterrupt(f"interrupted; {_resume_hint(args.output_dir, command)}") from None
     trainer.save_model(os.path.join(args.output_dir, "final"))
     last = trainer.federated_history[-1]
-    shown = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_generation_accuracy")
-    summary = ", ".join(f"{k} {v:.4f}" for k, v in last.items() if k in shown)
-    print(f"round {last['round']}: {summary or 'no evaluation'} -- outputs in {args.output_dir}")
+    if trainer.is_world_process_zero():  # one line for the run, not one per process
+        print(summary_line(last, args))
     return last
+
+
+def summary_line(last: dict, args) -> str:
+    """The run's last line: the final round's eval metrics, the privacy spent under DP, where the outputs are."""
+    from .trainer.config.privacy_settings import dp_delta
+
+    shown = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_generation_accuracy")
+    parts = [", ".join(f"{k} {v:.4f}" for k, v in last.items() if k in shown) or "no evaluation"]
+    if "dp_epsilon" in last:
+        parts.append(f"epsilon {last['dp_epsilon']:.3g} at delta {dp_delta(args):.2g} (client-level DP)")
+    return f"round {last['round']}: {'; '.join(parts)} -- outputs in {args.output_dir}"
 
 
 def partition(config: str, overrides: List[str]) -> List[str]:

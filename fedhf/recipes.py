@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import yaml
+from transformers.utils import logging
 
 from .runtime.hardware import cpu_has_bf16_matmul
 from .trainer.config.federated_config import FederatedConfig
@@ -34,6 +35,7 @@ BUNDLED_MODELS: Dict[str, Callable[[], str]] = {"bundled-minilm": minilm_path,
                                                 bundled_gemma.NAME: bundled_gemma.gemma_3_270m_path}
 LOCAL_DATA_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _TRUE = {"1", "ON", "YES", "TRUE"}
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -91,7 +93,7 @@ class Recipe:
 
         parser = HfArgumentParser(FederatedConfig, allow_abbrev=False, exit_on_error=False)
         parser.set_defaults(**self.train)
-        (args,) = parser.parse_args_into_dataclasses(args=list(overrides))
+        (args,) = parser.parse_args_into_dataclasses(args=bf16_auto_flag(list(overrides), self.train))
         return args
 
 
@@ -129,6 +131,22 @@ def _resolve_bf16(train: Dict[str, Any]) -> Dict[str, Any]:
         return train
     on_gpu = not train.get("use_cpu") and torch.cuda.is_available()
     return {**train, "bf16": bool(torch.cuda.is_bf16_supported() if on_gpu else cpu_has_bf16_matmul())}
+
+
+def bf16_auto_flag(overrides: List[str], train: Dict[str, Any]) -> List[str]:
+    """``--bf16 auto`` (or ``--bf16=auto``) on the command line means what ``bf16: auto`` means in a recipe
+    (:func:`_resolve_bf16`), with ``--use_cpu`` from the same command line."""
+    out = list(overrides)
+    use_cpu = {**train}.get("use_cpu", False)
+    for i, flag in enumerate(out[:-1]):
+        if flag == "--use_cpu":
+            use_cpu = str(out[i + 1]).strip().lower() in ("1", "true", "yes", "on")
+    for i, flag in enumerate(out):
+        if flag == "--bf16=auto" or (flag == "--bf16" and i + 1 < len(out) and out[i + 1] == "auto"):
+            value = str(_resolve_bf16({"use_cpu": use_cpu, "bf16": "auto"})["bf16"])
+            out[i:i + (1 if flag == "--bf16=auto" else 2)] = ["--bf16", value]
+            break
+    return out
 
 
 def load_recipe(path: str) -> Recipe:
@@ -303,6 +321,9 @@ def build_causal_lm(recipe: Recipe, splits) -> Built:
             model = prepare_model_for_kbit_training(model)
     held_out = splits["test"]
     rows = min(recipe.data.generation_rows, len(held_out))
+    short = generation_rows_warning(recipe.data.generation_rows, len(held_out))
+    if short:
+        logger.warning(short)
     if rows and not {"prompt", "completion"} <= set(held_out.column_names):
         raise ValueError(f"{recipe.path}: `data.generation_rows` scores answers to prompts: the data needs `prompt` "
                          f"and `completion` columns, it has {held_out.column_names}.")
@@ -311,6 +332,16 @@ def build_causal_lm(recipe: Recipe, splits) -> Built:
     test = tokenize_sft(held_out, tokenizer, max_length=recipe.data.max_length)
     return Built(_with_lora(model, recipe, "CAUSAL_LM"), train, test, SFTCollator(tokenizer), tokenizer,
                  callbacks=[GenerationEvalCallback(tokenizer, prompts, answers)])
+
+
+def generation_rows_warning(asked: int, held_out: int) -> Optional[str]:
+    """``data.generation_rows`` beyond the held-out rows: only those are scored (they are the eval rows: the
+    prompts are held out from training either way), which the user should know rather than read 5/32 as 5/50."""
+    if asked <= held_out:
+        return None
+    return (f"`data.generation_rows`={asked} but the held-out split has {held_out} rows (`data.eval_rows`): "
+            f"generation accuracy is scored on {held_out} prompts, the eval rows. Set `data.eval_rows` to {asked} "
+            "or more to score them all.")
 
 
 def resolve_model(name: str) -> str:

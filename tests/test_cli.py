@@ -42,7 +42,7 @@ def test_algorithms_lists_every_named_algorithm_with_names_the_config_accepts(ca
     assert main(["algorithms"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
     assert sorted(rows) == list_algorithms() and len(rows) == len(list_algorithms())
-    for name, (optimizer, sync, correction, rule, secagg) in rows.items():
+    for name, (optimizer, sync, correction, rule, lr, matrix_lr, server_lr, secagg) in rows.items():
         assert (optimizer in LOCAL_OPTIMIZERS and sync in STATE_SYNCS and correction in CORRECTIONS
                 and rule in SERVER_RULES), (name, optimizer, sync, correction, rule)
         # the four names rebuild the algorithm's axes (its own hyperparameters aside)
@@ -54,7 +54,11 @@ def test_algorithms_lists_every_named_algorithm_with_names_the_config_accepts(ca
         assert [type(r.aggregator) for r in rules] == [type(rules[1].aggregator)] * 2
         assert [t.name for t in rules[0].transforms] == [t.name for t in rules[1].transforms], name
         assert rebuilt.local_optimizer.optimizer == algo.local_optimizer.optimizer
+        # the default lrs are the algorithm's own: its clients', Muon's matrices' and its server's
+        assert float(lr) == algo.local_optimizer.lr and float(server_lr.split(",")[0]) > 0
+        assert (matrix_lr != "-") == (optimizer == "muon")
         assert secagg == "yes"  # every named algorithm's server halves read sums only (robust rules are not named)
+    assert rows["fedpac_muon"][4:7] == ["0.0003", "0.03", "1"] and rows["local_soap"][4:7] == ["0.003", "-", "1"]
     assert rows["fadam_gt"][2] == "gradient_tracking" and rows["scaffold"][:4] == ["sgd", "reset", "control_variate",
                                                                                  "mean"]
 
@@ -247,3 +251,15 @@ def test_push_to_hub_without_a_network_gets_fedhfs_message(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert err.startswith("fedhf: error: push_to_hub=True could not reach the Hub") and "--push_to_hub false" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_summary_line_gives_epsilon_and_delta_under_dp():
+    from types import SimpleNamespace
+
+    from fedhf.cli import summary_line
+
+    args = SimpleNamespace(dp_delta=None, num_clients=300, output_dir="out")
+    last = {"round": 3, "eval_loss": 1.0571, "eval_accuracy": 0.436, "dp_epsilon": 3.0004}
+    assert summary_line(last, args) == ("round 3: eval_loss 1.0571, eval_accuracy 0.4360; epsilon 3 at delta "
+                                        "0.0019 (client-level DP) -- outputs in out")
+    assert summary_line({"round": 2}, args) == "round 2: no evaluation -- outputs in out"

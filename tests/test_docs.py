@@ -198,7 +198,7 @@ TUTORIAL_SMALL = {"range(4000)": "range(120)", "range(300)": "range(24)", "num_c
                   "save_every_rounds=4": "save_every_rounds=1", "range(2000)": "range(48)", "range(64)": "range(8)",
                   "range(64, 264)": "range(8, 12)", "num_clients=20, clients_per_round=4, num_rounds=8, local_steps=5":
                   "num_clients=2, clients_per_round=2, num_rounds=1, local_steps=1",
-                  "AutoModelForCausalLM.from_pretrained(gemma_path)": "tiny_llama(len(llm_tokenizer))",
+                  "AutoModelForCausalLM.from_pretrained(gemma_path, dtype=base_dtype)": "tiny_llama(len(llm_tokenizer))",
                   "eval_every_rounds=4": "eval_every_rounds=1"}
 
 

@@ -175,3 +175,24 @@ def test_a_recipes_lora_wrap_shows_no_deprecation_warning_from_peft(minilm):
         wrapped = _with_lora(model, recipe, "SEQ_CLS")
     assert wrapped.peft_config["default"].r == recipe.lora["r"]
     assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+
+
+def test_generation_rows_beyond_the_held_out_rows_warn_with_the_number_scored():
+    from fedhf.recipes import generation_rows_warning
+
+    assert generation_rows_warning(32, 32) is None and generation_rows_warning(0, 5) is None
+    assert generation_rows_warning(50, 32) == (
+        "`data.generation_rows`=50 but the held-out split has 32 rows (`data.eval_rows`): generation accuracy is "
+        "scored on 32 prompts, the eval rows. Set `data.eval_rows` to 50 or more to score them all.")
+
+
+@pytest.mark.parametrize("hardware", [True, False])
+@pytest.mark.parametrize("flag", [["--bf16", "auto"], ["--bf16=auto"]])
+def test_bf16_auto_on_the_command_line_means_what_it_means_in_a_recipe(tmp_path, monkeypatch, hardware, flag):
+    import fedhf.recipes as recipes
+
+    monkeypatch.setattr(recipes, "cpu_has_bf16_matmul", lambda: hardware)
+    monkeypatch.setattr(recipes.torch.cuda, "is_available", lambda: False)
+    recipe = recipes.load_recipe(str(TWEETS))
+    args = recipe.training_arguments([*flag, "--output_dir", str(tmp_path), "--use_cpu", "true"])
+    assert args.bf16 is hardware

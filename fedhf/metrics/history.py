@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from typing import List, Optional
@@ -37,17 +38,20 @@ def is_quality_metric(key: str) -> bool:
 
 
 def plotted_metric(history: List[dict]) -> str:
-    """The eval metric a plot shows: the first accuracy-type one (an LLM run's generation accuracy rather than its
-    perplexity, whose round-0 value flattens the curve), else the first quality metric, else the eval loss."""
+    """The eval metric a plot shows: the task's generation accuracy when a GenerationEvalCallback scored one (not
+    trl's token accuracy), else the first accuracy-type one (an LLM run's accuracy rather than its perplexity,
+    whose round-0 value flattens the curve), else the first quality metric, else the eval loss."""
     keys = [k for h in history for k in h if is_quality_metric(k)]
+    if "eval_generation_accuracy" in keys:
+        return "eval_generation_accuracy"
     return next((k for k in keys if "accuracy" in k), keys[0] if keys else "eval_loss")
 
 
 def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
-                 title: Optional[str] = None) -> Optional[str]:
+                 title: Optional[str] = None, dp_delta: Optional[float] = None) -> Optional[str]:
     """Eval metric and train/eval loss against rounds, against total communicated MB (up + down) and, with the
-    simulated clock, against simulated seconds, under ``title`` (the algorithm and run), the legends below the
-    curves.
+    simulated clock, against simulated seconds, under ``title`` (the algorithm and run; under DP with the epsilon
+    spent, at ``dp_delta``), the legends below the curves.
 
     Returns the path written, or None when matplotlib is not installed.
     """
@@ -70,9 +74,10 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
         ax.set_xlabel(x_label)
         ax.set_ylabel(metric, color="tab:blue")
         loss_ax = ax.twinx()
-        train = [h for h in history if "train_loss" in h]
-        loss_ax.plot([h[x_key] for h in train], [h["train_loss"] for h in train], "-", color="tab:red", alpha=0.6,
-                     label="train_loss")
+        train = [h for h in history if "train_loss" in h and math.isfinite(h["train_loss"])]  # NaN under DP
+        if train:  # a legend entry only for a line that is drawn
+            loss_ax.plot([h[x_key] for h in train], [h["train_loss"] for h in train], "-", color="tab:red",
+                         alpha=0.6, label="train_loss")
         if metric != "eval_loss":
             loss_ax.plot([h[x_key] for h in evals if "eval_loss" in h], [h["eval_loss"] for h in evals if "eval_loss" in h],
                          "--", color="tab:red", label="eval_loss")
@@ -82,7 +87,9 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
     spent = [h for h in history if "dp_epsilon" in h]
     lines = [title] if title else []
     if spent:  # client-level DP: the privacy spent by the run so far
-        lines.append(f"client-level DP: epsilon {spent[-1]['dp_epsilon']:.3g} spent after round {spent[-1]['round']}")
+        lines.append(f"client-level DP: epsilon {spent[-1]['dp_epsilon']:.3g}"
+                     + (f" at delta {dp_delta:.2g}" if dp_delta is not None else "")
+                     + f" spent after round {spent[-1]['round']}")
     if lines:
         fig.suptitle("\n".join(lines), fontsize="medium")
     fig.tight_layout()

@@ -23,6 +23,7 @@ from .muon import MuonAdamW
 from .soap import SOAP
 from .sophia import Sophia
 from .state_size import TORCH_STATE_BYTES
+from ..core.choices import closest
 
 LOCAL_OPTIMIZERS: Registry[type] = Registry("local optimizer", "local_optimizer")
 LOCAL_OPTIMIZERS.register("sgd")(torch.optim.SGD)  # coupled weight decay, docs/algorithms.md 1.1
@@ -54,7 +55,9 @@ def resolve_optimizer_class(name_or_class: Union[str, type]) -> type:
         if name_or_class.lower() in by_lower:
             return by_lower[name_or_class.lower()]
         raise ValueError(
-            f"Unknown local optimizer {name_or_class!r} in `local_optimizer`. Choose one of "
+            f"Unknown local optimizer {name_or_class!r} in `local_optimizer`"
+            f"{closest(name_or_class, [*LOCAL_OPTIMIZERS.names(), *(c.__name__ for c in by_lower.values())])}. "
+            "Choose one of "
             f"{', '.join(LOCAL_OPTIMIZERS.names())}, any torch.optim class name "
             f"({', '.join(sorted(c.__name__ for c in by_lower.values()))}), or pass an Optimizer subclass."
         )

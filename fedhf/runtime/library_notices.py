@@ -11,7 +11,13 @@ each is dropped at the one place it arises, and nothing else is.
 * peft's read of a deprecated property. ``get_peft_model`` reads ``model.is_gradient_checkpointing``, which
   transformers 5 deprecated for ``is_activation_checkpointing`` with a FutureWarning on every read: a warning about
   peft's code, shown to whoever wraps a model. :func:`quiet_peft_wrap` drops it around the wraps fedhf makes itself
-  (a recipe's LoRA, trl's ``peft_config`` inside FederatedSFTTrainer); a user's own ``get_peft_model`` call is theirs.
+  (a recipe's LoRA, trl's ``peft_config`` inside FederatedSFTTrainer), and :func:`ignore_checkpointing_alias`,
+  installed by ``import fedhf``, drops it for a user's own ``get_peft_model`` call too: the user can do nothing
+  about it, and a script that imports fedhf anywhere no longer shows it. Only that message is filtered.
+
+What fedhf cannot drop: bitsandbytes logs its notice while it is imported, so a script that imports peft before
+fedhf has printed it before fedhf exists (import fedhf first; docs/tutorial.md does). transformers' load report
+("... MISSING: newly initialized") on a fresh classification head is a true statement, left alone.
 
 Standard library only, so ``import fedhf`` pays nothing for it.
 """
@@ -38,6 +44,12 @@ def silence_kernel_notice() -> None:
     logger = logging.getLogger(KERNEL_NOTICE_LOGGER)
     if not any(isinstance(f, _DropKernelNotice) for f in logger.filters):
         logger.addFilter(_DropKernelNotice())
+
+
+def ignore_checkpointing_alias() -> None:
+    """Drop transformers' FutureWarning for peft's read of ``is_gradient_checkpointing`` everywhere (idempotent:
+    ``warnings.filterwarnings`` replaces an identical filter)."""
+    warnings.filterwarnings("ignore", message=CHECKPOINTING_ALIAS, category=FutureWarning)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -63,6 +63,32 @@ class ProcessWorld:
 
     def clients_of_this_process(self, clients: Sequence[int]) -> List[int]:
         return [c for c in clients if self.owns(c)]
+
+    def describe(self) -> str:
+        """One line saying how many processes train and how the work is shared between them."""
+        spread = ("every process trains every client together" if self.client_parallel
+                  else f"clients spread by id mod {self.size}")
+        noun = "process" if self.size == 1 else "processes"
+        return f"{self.size} {noun} (client_parallel: {self.client_parallel}, FSDP: {self.sharded}), {spread}"
+
+
+def launch_mismatch(world: ProcessWorld) -> Optional[str]:
+    """Why a launch that asked for several processes trains on fewer, or None.
+
+    ``accelerate launch --num_processes 2`` on a machine without a GPU runs accelerate's simple launcher: ONE
+    process, with only MASTER_ADDR/MASTER_PORT set for the processes it did not start (it needs ``--multi_gpu``
+    to start them). A launcher's WORLD_SIZE larger than torch.distributed's world is the same surprise."""
+    asked = launched_processes()
+    if asked > world.size:
+        return (f"the launcher asked for {asked} processes (WORLD_SIZE) but torch.distributed holds {world.size}: "
+                f"training runs on {world.size}.")
+    accelerate = "ACCELERATE_MIXED_PRECISION" in os.environ  # set by every `accelerate launch`
+    if world.size == 1 and accelerate and "MASTER_ADDR" in os.environ and "WORLD_SIZE" not in os.environ:
+        return ("`accelerate launch` was asked for several processes (--num_processes > 1) but started one: on a "
+                "machine without a GPU it starts them only with --multi_gpu, e.g. `accelerate launch --multi_gpu "
+                "--num_processes 2 ...` (or `torchrun --standalone --nproc_per_node 2 ...`). Training runs on 1 "
+                "process.")
+    return None
 
 
 def process_world(args, client_parallel: bool = False, sharded: bool = False) -> ProcessWorld:

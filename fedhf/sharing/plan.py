@@ -55,6 +55,7 @@ from ..core.lora import HEAD, LORA_A, LORA_B, NORM, role_of, seeded_lora_a
 from ..core.params import TensorDict, federated_buffers, load_into, snapshot, trainable_parameters
 from ..core.client_store import ClientStateStore
 from ..core.theta import split_theta_key
+from ..core.choices import not_one_of
 
 SHARED, PERSONAL, FROZEN = "shared", "personal", "frozen"
 PRESETS: Dict[str, Dict[str, str]] = {
@@ -77,7 +78,7 @@ class ParameterSharing:
     def from_config(cls, preset: str, kwargs: Mapping[str, object]) -> "ParameterSharing":
         """Checks the names and patterns (no model needed), naming the field."""
         if preset not in PRESETS:
-            raise ValueError(f"`parameter_sharing` must be one of {sorted(PRESETS)}, got {preset!r}.")
+            raise ValueError(not_one_of("parameter_sharing", preset, sorted(PRESETS)) + ".")
         patterns = []
         for role, regexes in kwargs.items():
             if role not in (SHARED, PERSONAL, FROZEN):

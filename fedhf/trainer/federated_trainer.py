@@ -44,7 +44,8 @@ from ..runtime.compiled_model import compile_resident, without_accelerate_compil
 from ..runtime.liger import apply_liger, check_liger
 from ..runtime.determinism import fix_thread_count
 from ..runtime.contiguous_head import feed_head_contiguously
-from ..runtime.processes import destroy_process_group_at_exit, process_world, wait_for_every_process
+from ..runtime.processes import (destroy_process_group_at_exit, launch_mismatch, process_world,
+                                 wait_for_every_process)
 from ..runtime.quantization import prepare_quantised_base
 from ..runtime.sharded import ShardedGathering, shard_resident_model, sharding_requested
 from ..sharing.plan import SharingPlan
@@ -64,6 +65,7 @@ from .runners.local_steps import LocalSteps, faulty
 from .runners.loss_scaling import LossScale
 from .runners.memory_plan import check_budget, plan_memory, plan_text
 from .hooks.outputs import HISTORY_FILE, restore_run
+from .late_metrics import LateMetricsLog
 from .published import PublishedModel
 from .runners.base import choose_runner
 from ..server.server_needs import base_fold, gathering
@@ -72,7 +74,7 @@ from .config.settings import expose_rounds_to_callbacks, should_evaluate, should
 logger = logging.get_logger(__name__)
 
 
-class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel, Trainer):
+class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog, PublishedModel, Trainer):
     """A drop-in for ``Trainer`` that trains over simulated clients.
 
     Args (beyond Trainer's):
@@ -125,6 +127,9 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel
             )
         # the process map and the round's all-reduce count the same processes
         self.world = process_world(args, args.client_parallel, sharding_requested(args))
+        mismatch = launch_mismatch(self.world)  # e.g. `accelerate launch --num_processes 2` without --multi_gpu
+        if mismatch:
+            logger.warning(mismatch)
         prepare_quantised_base(self.model)
         self._set_signature_columns_if_needed()
         check_datasets(self.model, args, self.train_dataset, self.eval_dataset, self.compute_metrics,
@@ -262,6 +267,8 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel
     def _plan_run(self, run: RunState) -> None:
         self.memory_plan = plan_memory(self, run)  # fedhf/trainer/runners/memory_plan.py
         if self.is_world_process_zero():
+            if self.world.size > 1:  # a multi-process run says so first (a 1-process run is the plain case)
+                print(f"fedhf: {self.world.describe()}")
             print(plan_text(self.memory_plan, self.args))
         check_budget(self.memory_plan, self.args)
 
@@ -329,7 +336,9 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, PublishedModel
         self._load_global(run)
         self.plan.end_round()
         # 6. the round's log; the hooks add to it (drift) and read it (the exclusion guard)
-        entry = self._round_entry(run, sums, round_lr)
+        entry = {**self._round_entry(run, sums, round_lr), "processes": self.world.size}
+        if "muon_lr_mult" in algo.local_optimizer.kwargs:  # Muon's matrices step at learning_rate x muon_lr_mult
+            entry["muon_matrix_lr"] = round_lr * algo.local_optimizer.kwargs["muon_lr_mult"]
         self.hooks.after_aggregate(self, run, sums, entry)
         return entry
 

@@ -20,6 +20,8 @@ import yaml
 from ..data.bundled_gemma import bundled_origin
 from ..metrics.history import is_quality_metric, write_json_atomic
 from ..state.checkpoint import PREFIX
+from .card_code import adapter_code, bundled_base_name
+from .card_details import CardDetails, with_details
 from .config.privacy_settings import dp_on, privacy_card_rows
 
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
@@ -32,7 +34,8 @@ class SavedModel:
     (full weights of a model trained without peft); ``model_class`` the transformers class to load it with;
     ``lora`` the adapter's settings (r, alpha, rsLoRA, target modules), if any; ``round`` the round it is from;
     ``base`` the base model's Hub id (None: loaded from a local folder) and ``base_kwargs`` what its
-    ``from_pretrained`` needs to match the adapter (a classifier's ``num_labels`` and label names)."""
+    ``from_pretrained`` needs to match the adapter (a classifier's ``num_labels`` and label names); ``bundled`` the
+    bundled name of the base (its load code then calls fedhf's path helper)."""
 
     kind: str
     model_class: str
@@ -40,6 +43,7 @@ class SavedModel:
     round: Optional[int] = None
     base: Optional[str] = None
     base_kwargs: Optional[dict] = None
+    bundled: Optional[str] = None  # the bundled name of the base's folder (fedhf/trainer/card_code.py), if any
 
 
 def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
@@ -56,7 +60,8 @@ def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
         lora = {"r": config.r, "alpha": config.lora_alpha, "rslora": bool(config.use_rslora),
                 "targets": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
     return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index,
-                      hub_base_model(model), _head_kwargs(model.get_base_model()))
+                      hub_base_model(model), _head_kwargs(model.get_base_model()),
+                      bundled_base_name(_base_name(model)))
 
 
 def _head_kwargs(model) -> dict:
@@ -108,7 +113,7 @@ def _sharing_row(args) -> str:
 
 
 def federated_card_section(args, algorithm, partition_summary: dict, history: List[dict],
-                           saved: Optional[SavedModel] = None) -> str:
+                           saved: Optional[SavedModel] = None, processes: Optional[str] = None) -> str:
     sizes = partition_summary.get("sizes", [])
     lines = [
         "",
@@ -128,6 +133,7 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
         f"| local batch size x gradient accumulation steps | {args.per_device_train_batch_size} x "
         f"{args.gradient_accumulation_steps} |",
         f"| seed | {args.seed} |",
+        f"| processes | {processes or args.world_size} |",
         f"| fedhf version | {_version()} |",
         f"| learning rate schedule over rounds | {args.round_lr_schedule}, peak {algorithm.local_optimizer.lr} |",
         f"| partition | {args.partition}" + (f" (alpha={args.dirichlet_alpha}, key "
@@ -164,12 +170,8 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
 
 def _how_to_load(saved: SavedModel) -> str:
     if saved.kind == "adapter":
-        what = ("This folder is a **peft LoRA adapter**; load it onto its base model:\n\n```python\n"
-                f"from peft import PeftModel\nfrom transformers import {saved.model_class}\n\n"
-                f"{_base_line(saved)}"
-                f"base = {saved.model_class}.from_pretrained({_arguments(saved)})\n"
-                "model = PeftModel.from_pretrained(base, PATH_OR_REPO_ID)  # this folder, or its Hub repository\n"
-                "```\n")
+        what = ("This folder is a **peft LoRA adapter**; load it onto the base it was trained from:\n\n```python\n"
+                + adapter_code(saved.model_class, saved.base, saved.bundled, saved.base_kwargs or {}) + "```\n")
     else:
         kind = ("the **full model**: the base weights as the server rule changed them, with the final LoRA adapter "
                 "merged in (W + s B A, peft's `merge_and_unload`); it is not an adapter, and it needs no base model"
@@ -177,17 +179,6 @@ def _how_to_load(saved: SavedModel) -> str:
         what = (f"This folder holds {kind}:\n\n```python\nfrom transformers import {saved.model_class}\n\n"
                 f"model = {saved.model_class}.from_pretrained(PATH_OR_REPO_ID)\n```\n")
     return "\n### What the upload contains\n\n" + what
-
-
-def _base_line(saved: SavedModel) -> str:
-    if saved.base:
-        return ""
-    return 'BASE_MODEL = "..."  # the base model was loaded from a local folder: its path or Hub id\n'
-
-
-def _arguments(saved: SavedModel) -> str:
-    base = repr(saved.base) if saved.base else "BASE_MODEL"
-    return ", ".join([base] + [f"{k}={v!r}" for k, v in (saved.base_kwargs or {}).items()])
 
 
 def _version() -> str:
@@ -229,33 +220,37 @@ def _bundled_origin(model) -> Optional[dict]:
 
 def model_card(args, algorithm, partition_summary: dict, history: List[dict], base_model: Optional[str],
                saved: Optional[SavedModel] = None, license: Optional[str] = None,
-               origin_note: str = "") -> str:
+               origin_note: str = "", details: CardDetails = CardDetails(), processes: Optional[str] = None) -> str:
     """The whole card: metadata (``library_name: peft`` for an adapter, as peft writes it: it drives the Hub's
-    loading snippet), a title, what the base weights were (``origin_note``: a bundled model's, with its terms'
-    notice) and the federated section."""
+    loading snippet; the user's ``create_model_card`` details: fedhf/trainer/card_details.py), a title (their
+    ``model_name``, else the output folder's name), what the base weights were (``origin_note``: a bundled model's,
+    with its terms' notice) and the federated section."""
     library = "peft" if saved is not None and saved.kind == "adapter" else "transformers"
     metadata = {"library_name": library, "tags": list(FEDERATED_TAGS) + [algorithm.name]}
     if base_model:
         metadata["base_model"] = base_model
     if license:  # the base model's terms apply to what is trained from it
         metadata["license"] = license
-    title = f"# {os.path.basename(os.path.normpath(args.output_dir))}"
+    metadata = with_details(metadata, details)
+    base_model = metadata.get("base_model")
+    title = f"# {details.title or os.path.basename(os.path.normpath(args.output_dir))}"
     origin = (f"a fine-tuned version of [{base_model}](https://huggingface.co/{base_model})" if base_model
               else "a fine-tuned model (its base model was loaded from a local folder)")
     intro = f"This model is {origin}, trained federatedly over {args.num_clients} simulated clients with fedhf."
     intro += f"\n\n{origin_note}\n" if origin_note else ""
     return ("---\n" + yaml.safe_dump(metadata, sort_keys=True) + "---\n\n" + title + "\n\n" + intro + "\n"
-            + federated_card_section(args, algorithm, partition_summary, history, saved))
+            + federated_card_section(args, algorithm, partition_summary, history, saved, processes))
 
 
 def write_model_card(directory: str, args, algorithm, partition_summary: dict, history: List[dict], model,
-                     saved: Optional[SavedModel] = None) -> str:
+                     saved: Optional[SavedModel] = None, details: CardDetails = CardDetails(),
+                     processes: Optional[str] = None) -> str:
     """Write ``directory``/README.md (replacing peft's or Trainer's); returns its path."""
     path = os.path.join(directory, "README.md")
     origin = _bundled_origin(model)
     with open(path, "w") as f:
         f.write(model_card(args, algorithm, partition_summary, history, hub_base_model(model), saved,
-                           base_model_license(model), origin["card_note"] if origin else ""))
+                           base_model_license(model), origin["card_note"] if origin else "", details, processes))
     if origin:
         publish_bundled_base(directory, origin)
     return path
@@ -276,14 +271,27 @@ def publish_bundled_base(directory: str, origin: dict) -> None:
         f.write(origin["notice"])
 
 
+def hub_is_offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def offline_push_message(folder: str, repo_id: Optional[str]) -> str:
+    """push_to_hub() called offline after training: what was saved, and how to upload it later."""
+    return (f"push_to_hub(): the Hub is offline (HF_HUB_OFFLINE is set), so nothing was uploaded. The model and its "
+            f"card are saved in {folder}; upload them when online with `hf upload {repo_id or 'YOU/NAME'} {folder} "
+            "--exclude '*.bin' --exclude 'checkpoint-*'` (docs/configuration.md, \"Publish later\"), or unset HF_HUB_OFFLINE "
+            "and call push_to_hub() again.")
+
+
 def check_hub_access(args) -> None:
     """Before any work: ``push_to_hub=True`` needs the Hub (not offline) and a token. The token is never shown."""
     if not args.push_to_hub:
         return
-    from huggingface_hub import constants, get_token
+    from huggingface_hub import get_token
 
-    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
-    if offline:
+    if hub_is_offline():
         raise ValueError("`push_to_hub=True` but the Hub is offline (HF_HUB_OFFLINE is set): set push_to_hub=False "
                          "to train offline (save_model() writes the card and weights locally), or unset "
                          "HF_HUB_OFFLINE.")

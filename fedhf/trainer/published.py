@@ -14,17 +14,36 @@ import transformers.trainer as hf_trainer
 from transformers.trainer import TRAINING_ARGS_NAME
 
 from ..state.checkpoint import PREFIX
-from .hub import UNPUBLISHED, saved_model, write_model_card
+from .card_details import CardDetails, card_details
+from .hub import UNPUBLISHED, hub_is_offline, offline_push_message, saved_model, write_model_card
 
 
 class PublishedModel:
     loaded_best_round = None  # the round load_best_model_at_end loaded at the end of train(), if it did
     _gathered_state = None  # under FSDP, the whole model's state dict while it is written (save_model, checkpoints)
 
-    def create_model_card(self, *args, **kwargs) -> None:
-        """The federated model card (fedhf/trainer/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads it."""
+    card_details = CardDetails()  # what the last create_model_card() was told (title, datasets, tags, ...)
+
+    def create_model_card(self, language=None, license=None, tags=None, model_name=None, finetuned_from=None,
+                          tasks=None, dataset_tags=None, dataset=None, dataset_args=None) -> None:
+        """The federated model card (fedhf/trainer/hub.py) in output_dir/README.md: Trainer's push_to_hub() uploads
+        it. Trainer's arguments are honoured (fedhf/trainer/card_details.py) and kept for every later card."""
+        self.card_details = card_details(language, license, tags, model_name, finetuned_from, tasks, dataset_tags,
+                                         dataset, dataset_args)
         if self.is_world_process_zero():
             self._write_card(self.args.output_dir)
+
+    def push_to_hub(self, commit_message: Optional[str] = "End of training", blocking: bool = True, token=None,
+                    revision=None, **kwargs):
+        """Trainer's push_to_hub; offline, the model and its card are saved to output_dir first (what the push
+        would upload) and the error says how to upload them later, instead of huggingface_hub's transport error."""
+        if hub_is_offline():
+            self.save_model()
+            card_kwargs = {"model_name": os.path.basename(os.path.normpath(self.args.output_dir)),
+                           **{k: v for k, v in kwargs.items() if k != "private"}}
+            self.create_model_card(**card_kwargs)
+            raise OSError(offline_push_message(self.args.output_dir, self.args.hub_model_id))
+        return super().push_to_hub(commit_message, blocking, token, revision, **kwargs)
 
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
         """Trainer's save_model (and so push_to_hub), then the federated card beside the weights/adapter (replacing
@@ -107,4 +126,4 @@ class PublishedModel:
         round_index = None if latest else self.loaded_best_round
         saved = saved_model(self.model, bool(self.base_fold.layers), round_index)
         write_model_card(directory, self.args, self.algorithm, self.partition_summary, self.federated_history,
-                         self.model, saved)
+                         self.model, saved, self.card_details, self.world.describe())

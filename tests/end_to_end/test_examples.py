@@ -64,7 +64,9 @@ def test_uncached_hub_model_offline_fails_fast_with_the_flag_to_change(tmp_path)
     assert done.returncode != 0
     assert seconds < 40, seconds  # imports take 5-15 s on 2 busy cores; the check itself, milliseconds
     assert "--model_name_or_path roberta-base is not available offline (HF_HUB_OFFLINE=1)" in done.stderr
-    assert "--model_name_or_path bundled-minilm" in done.stderr and "Traceback" not in done.stderr
+    # both flags in one message: the model's and the default GLUE task's (no second round trip)
+    assert "run offline with --model_name_or_path bundled-minilm --task bundled-tweets" in done.stderr
+    assert "Traceback" not in done.stderr
     assert not out.exists() or not any(out.iterdir())
 
 

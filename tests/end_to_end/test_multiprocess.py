@@ -134,3 +134,24 @@ def test_readme_launch_commands_without_use_cpu_give_the_one_process_model(readm
     torch.testing.assert_close(two["history.uplink_MB"], one["history.uplink_MB"], rtol=1e-12, atol=0)
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_the_cli_on_two_processes_says_so_once(tmp_path):
+    """docs/scaling.md's CLI line on 2 CPU processes: the run announces its process count first, its history and
+    card carry it, and the final summary is printed once (by process 0), not once per process."""
+    import json
+
+    if TORCHRUN is None:
+        pytest.skip("torchrun not installed")
+    recipe = os.path.join(os.path.dirname(SCRIPT), "..", "..", "recipes", "digits_resnet_fedpac_muon_dir0.5_n8.yaml")
+    out = tmp_path / "run"
+    command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "fedhf", "train", "--config", recipe,
+               "--num_rounds", "1", "--local_steps", "1", "--eval_every_rounds", "1", "--disable_tqdm", "true",
+               "--partition_report", "false", "--output_dir", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = _launch(command, env)
+    assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-3000:])
+    assert done.stdout.count("fedhf: 2 processes (client_parallel: False, FSDP: False)") == 1, done.stdout
+    assert done.stdout.count("-- outputs in") == 1, done.stdout
+    assert json.loads((out / "federated_history.json").read_text())[-1]["processes"] == 2
+    assert "| processes | 2 processes (client_parallel: False, FSDP: False)" in (out / "final" / "README.md").read_text()

@@ -22,7 +22,11 @@ def run(args, tmp_path):
 def test_offline_hub_names_fail_at_once_naming_the_flags(tmp_path):
     done = run(["--output_dir", str(tmp_path / "out")], tmp_path)
     assert done.returncode != 0
-    assert "--model_name_or_path bundled-tiny-llama --dataset bundled-tweets-instructions" in done.stderr
+    assert "--model_name_or_path bundled-gemma-3-270m --dataset bundled-tweets-instructions" in done.stderr
+    assert "bundled-tiny-llama" in done.stderr  # the quick alternative
+    # the defaults a flag did not set, and the YAML they came from (gradient accumulation 4 was a surprise)
+    assert "defaults from " in done.stdout and "sft_smollm2_lora_fedmuon_dolly.yaml" in done.stdout
+    assert "gradient_accumulation_steps=4" in done.stdout
     assert not (tmp_path / "out").exists()  # nothing written
 
 

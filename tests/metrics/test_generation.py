@@ -116,3 +116,31 @@ def test_the_first_word_is_a_word_in_any_script_and_an_empty_answer_matches_noth
     assert first_word_accuracy(["负面", "中性", ""], ["正面"] * 3) == 0.0
     assert first_word_accuracy(["плохо", "хорошо"], ["хорошо", "Хорошо"]) == 0.5
     assert first_word_accuracy(["", "..."], ["", "?"]) == 0.0  # a reference without a word matches nothing
+
+
+def test_the_callbacks_metrics_reach_the_log_every_evaluated_round(tokenizer, tmp_path):
+    """GenerationEvalCallback adds its metrics after Trainer logged the evaluation: they are logged too (console,
+    report_to), with the values the history holds."""
+    from transformers import TrainerCallback
+
+    from fedhf import FederatedTrainer
+    from fedhf.data.sft import SFTCollator
+    from tests.helpers import config, tiny_llama_lora, tweet_sft
+
+    class Logs(TrainerCallback):
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append(dict(logs))
+
+    sft, logs = tweet_sft(tokenizer, n_train=32, n_test=4, max_length=32), Logs()
+    args = config(tmp_path, num_clients=2, clients_per_round=2, num_rounds=2, local_steps=1, partition="iid",
+                  partition_report=False, eval_every_rounds=1, logging_strategy="steps", logging_steps=1)
+    trainer = FederatedTrainer(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=sft["train"],
+                               eval_dataset=sft["test"], data_collator=SFTCollator(tokenizer),
+                               callbacks=[GenerationEvalCallback(tokenizer), logs])
+    trainer.train()
+    logged = [log["eval_perplexity"] for log in logs.logs if "eval_perplexity" in log]
+    assert logged == [h["eval_perplexity"] for h in trainer.federated_history if "eval_perplexity" in h]
+    assert len(logged) == 2

@@ -44,3 +44,23 @@ def test_the_plot_shows_an_accuracy_before_perplexity():
     assert plotted_metric(llm) == "eval_generation_accuracy"
     assert plotted_metric([{"round": 0, "eval_loss": 6.2, "eval_perplexity": 488.3}]) == "eval_perplexity"
     assert plotted_metric([{"round": 1, "train_loss": 0.5}]) == "eval_loss"
+
+
+def test_the_plot_prefers_the_task_metric_to_trls_token_accuracy():
+    trl = [{"round": 1, "eval_loss": 3.0, "eval_mean_token_accuracy": 0.1, "eval_generation_accuracy": 0.2}]
+    assert plotted_metric(trl) == "eval_generation_accuracy"
+
+
+def test_a_dp_plot_names_delta_and_has_no_legend_entry_for_the_undrawn_train_loss(tmp_path, monkeypatch):
+    """Under DP train_loss is NaN (not released): no line, so no legend entry; the title gives (epsilon, delta)."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    history = [{"round": r, "communicated_MB": float(r), "train_loss": float("nan"), "eval_loss": 1.0 / r,
+                "eval_accuracy": 0.1 * r, "dp_epsilon": 1.5 * r} for r in (1, 2)]
+    plot_history(history, str(tmp_path / "dp.png"), title="fedavg: dp", dp_delta=1.88e-3)
+    (fig,) = figures
+    assert fig._suptitle.get_text() == "fedavg: dp\nclient-level DP: epsilon 3 at delta 0.0019 spent after round 2"
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert labels and "train_loss" not in labels and set(labels) == {"eval_accuracy", "eval_loss"}

@@ -29,3 +29,16 @@ def test_only_the_checkpointing_alias_warning_is_dropped_and_only_inside_the_blo
         warnings.warn(CHECKPOINTING_ALIAS + " and will be removed in v6.", FutureWarning)
     assert [str(w.message) for w in caught] == ["another FutureWarning",
                                                 CHECKPOINTING_ALIAS + " and will be removed in v6."]
+
+
+def test_import_fedhf_drops_the_checkpointing_alias_warning_for_the_users_own_calls():
+    """A user's own get_peft_model (after `import fedhf`, anywhere in the script) shows no warning about peft's
+    code; any other FutureWarning still shows."""
+    import subprocess
+    import sys
+
+    code = ("import warnings, fedhf\n"
+            f"warnings.warn({CHECKPOINTING_ALIAS!r} + ' and will be removed in v6.', FutureWarning)\n"
+            "warnings.warn('another FutureWarning', FutureWarning)\n")
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, check=True)
+    assert CHECKPOINTING_ALIAS not in done.stderr and "another FutureWarning" in done.stderr

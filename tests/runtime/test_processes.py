@@ -76,3 +76,28 @@ def test_every_process_gets_the_main_process_value():
     for p in processes:
         p.join(timeout=60)
     assert results == {0: 1000, 1: 1000}
+
+
+def test_a_launch_that_started_fewer_processes_than_asked_is_named(monkeypatch):
+    """`accelerate launch --num_processes 2` without --multi_gpu on a CPU starts one process and sets only
+    MASTER_ADDR for the others; a launcher's WORLD_SIZE above torch.distributed's world is the same surprise."""
+    from fedhf.runtime.processes import launch_mismatch
+
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MASTER_ADDR",
+                 "ACCELERATE_MIXED_PRECISION"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch_mismatch(ProcessWorld()) is None  # a plain 1-process run
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert launch_mismatch(ProcessWorld()) is None  # `accelerate launch` of one process
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert "--multi_gpu" in launch_mismatch(ProcessWorld())
+    monkeypatch.delenv("MASTER_ADDR")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert "asked for 2 processes" in launch_mismatch(ProcessWorld())
+    assert launch_mismatch(ProcessWorld(1, 2)) is None
+
+
+def test_the_process_line_names_the_count_and_the_modes():
+    assert ProcessWorld(0, 2).describe() == ("2 processes (client_parallel: False, FSDP: False), clients spread by "
+                                             "id mod 2")
+    assert ProcessWorld(0, 1).describe().startswith("1 process (")

@@ -3,6 +3,9 @@ the Hub checks before any work; no network."""
 
 from __future__ import annotations
 
+import os
+
+import datasets
 import huggingface_hub
 import pytest
 import torch
@@ -211,10 +214,13 @@ def test_a_model_from_the_bundled_gemma_publishes_the_hub_id_its_quantisation_an
     assert (out / "NOTICE").read_text().startswith("Gemma is provided under and subject to the Gemma Terms of Use")
 
 
-def load_code(card: str, base: str, folder) -> str:
-    """The card's "how to load" code block, its two placeholders filled as a user would."""
+def load_code(card: str, folder, base: str = None) -> str:
+    """The card's "how to load" code block, its placeholders filled as a user would: the folder, and the base only
+    where the card cannot name it (a local folder)."""
     code = card.split("### What the upload contains", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    return code.replace('BASE_MODEL = "..."', f"BASE_MODEL = {base!r}").replace("PATH_OR_REPO_ID", repr(str(folder)))
+    if base is not None:
+        code = code.replace('BASE_MODEL = "..."', f"BASE_MODEL = {base!r}")
+    return code.replace("PATH_OR_REPO_ID", repr(str(folder)))
 
 
 def _run(code: str):
@@ -223,10 +229,42 @@ def _run(code: str):
     return scope["model"].eval()
 
 
-@pytest.mark.parametrize("task", ["classifier", "causal_lm"])
-def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tmp_path, task):
-    """The snippet a user copies from the card gives back the saved model (same outputs), with the classifier's
-    num_labels; the base's Hub id replaces the BASE_MODEL placeholder where it is known."""
+def _bundled_gemma_stand_in(folder: str) -> str:
+    """A saved tiny Llama with fedhf's bundled-Gemma manifest: the same code path as the real 270M cache, in a
+    fraction of a second (the real one takes minutes to build and seconds to load)."""
+    import json
+
+    from fedhf.data.demo import tiny_llama
+
+    tiny_llama(64, hidden_size=16, num_layers=1).save_pretrained(folder)
+    manifest = {"name": bundled_gemma.NAME, "base_model": bundled_gemma.BASE_MODEL, "license": bundled_gemma.LICENSE,
+                "source": bundled_gemma.GGUF_FILE, "source_sha256": bundled_gemma.GGUF_SHA256,
+                "files": bundled_gemma._file_records(folder)}
+    with open(os.path.join(folder, bundled_gemma.MANIFEST), "w") as f:
+        json.dump(manifest, f)
+    assert bundled_gemma.cache_is_valid(folder)
+    return folder
+
+
+def _hub_cache_with(tmp_path, repo_id: str, save) -> None:
+    """A Hub cache (huggingface_hub's layout: refs/main -> snapshots/<commit>/) holding ``repo_id``, so that
+    ``from_pretrained(repo_id)`` resolves offline, as it does for a model downloaded earlier."""
+    commit = "0" * 40
+    repo = tmp_path / "hub" / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    save(str(repo / "snapshots" / commit))
+
+
+LOAD_KINDS = ["bundled-minilm", "bundled-gemma", "hub", "local"]
+
+
+@pytest.mark.parametrize("kind", LOAD_KINDS)
+def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tmp_path, monkeypatch, kind):
+    """The snippet a user copies from the card gives back the saved model (same outputs), offline, for every kind
+    of base: fedhf's bundled MiniLM (a classifier: with its num_labels) and bundled Gemma (a tiny stand-in with the
+    cache's manifest, gemma_3_270m_path() pointed at it) through their path helpers, a Hub id as it is, and a
+    local folder through the placeholder the user fills."""
     from peft import LoraConfig, TaskType, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -235,30 +273,77 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
     from tests.helpers import tiny_llama_dir, tweet_sft
 
     args = config(tmp_path, num_rounds=1, local_steps=1, clients_per_round=2)
-    if task == "classifier":
-        base, model = minilm, lora_minilm(minilm)
+    if kind == "bundled-minilm":
+        model = lora_minilm(minilm)
         trainer = tweet_trainer(model, tweets, tokenizer, args, evaluate=False)
         batch = DataCollatorWithPadding(tokenizer)([tweets["test"][i] for i in range(4)])
         batch = {k: v for k, v in batch.items() if k != "labels"}
     else:
-        base = tiny_llama_dir(str(tmp_path / "tiny_llama"), tokenizer)
+        if kind == "bundled-gemma":
+            base = _bundled_gemma_stand_in(str(tmp_path / bundled_gemma.NAME))
+            monkeypatch.setattr(bundled_gemma, "gemma_3_270m_path", lambda cache_dir=None: base)
+        elif kind == "hub":
+            monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+            _hub_cache_with(tmp_path, "fedhf-test/tiny-llama", lambda path: tiny_llama_dir(path, tokenizer))
+            base = "fedhf-test/tiny-llama"
+        else:
+            base = tiny_llama_dir(str(tmp_path / "tiny_llama"), tokenizer)
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(
             r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM))
-        data = tweet_sft(tokenizer, n_train=64, n_test=4)
-        trainer = FederatedTrainer(model=model, args=args, train_dataset=data["train"],
-                                   data_collator=SFTCollator(tokenizer))
-        batch = {"input_ids": torch.tensor([data["test"][0]["input_ids"]])}
+        vocab = model.config.vocab_size
+        if kind == "bundled-gemma":
+            ids = torch.randint(1, vocab, (32, 8), generator=torch.Generator().manual_seed(0)).tolist()
+            data = datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 8] * 32, "labels": ids})
+            args = config(tmp_path, num_rounds=1, local_steps=1, clients_per_round=2, partition="iid")
+            trainer = FederatedTrainer(model=model, args=args, train_dataset=data)
+            batch = {"input_ids": torch.tensor(ids[:2])}
+        else:
+            data = tweet_sft(tokenizer, n_train=64, n_test=4)
+            trainer = FederatedTrainer(model=model, args=args, train_dataset=data["train"],
+                                       data_collator=SFTCollator(tokenizer))
+            batch = {"input_ids": torch.tensor([data["test"][0]["input_ids"]])}
     trainer.train()
     trainer.save_model(str(tmp_path / "final"))
     card = (tmp_path / "final" / "README.md").read_text()
-    if task == "classifier":
-        assert "from_pretrained(BASE_MODEL, num_labels=3)" in card
-    assert 'BASE_MODEL = "..."' in card  # loaded from a local folder: never published, so the user names it
-    loaded = _run(load_code(card, base, tmp_path / "final"))
+    expected = {"bundled-minilm": "from fedhf.data.demo import minilm_path\n",
+                "bundled-gemma": "from fedhf.data.bundled_gemma import gemma_3_270m_path\n",
+                "hub": "BASE_MODEL = 'fedhf-test/tiny-llama'\n", "local": 'BASE_MODEL = "..."'}[kind]
+    assert expected in card
+    if kind == "bundled-minilm":
+        assert "BASE_MODEL = minilm_path()" in card and "from_pretrained(BASE_MODEL, num_labels=3)" in card
+    if kind == "bundled-gemma":  # google's weights only as a commented alternative: not the evaluated base
+        assert "BASE_MODEL = gemma_3_270m_path()" in card and "# BASE_MODEL = 'google/gemma-3-270m'" in card
+    loaded = _run(load_code(card, tmp_path / "final", base if kind == "local" else None))
     with torch.no_grad():
         assert torch.equal(loaded(**batch).logits, model.eval()(**batch).logits)
-    # a Hub base is named in the code itself: the same snippet, no placeholder
-    model.peft_config["default"].base_model_name_or_path = HUB_ID
-    trainer.save_model(str(tmp_path / "named"))
-    named = (tmp_path / "named" / "README.md").read_text()
-    assert "BASE_MODEL" not in named and f"from_pretrained('{HUB_ID}'" in named
+
+
+def test_create_model_card_honours_trainers_arguments(digits, tmp_path):
+    """Trainer's create_model_card(model_name, dataset, tags, language, license, tasks): the title and the
+    Hub metadata; a later save_model keeps them (push_to_hub saves, then writes the card)."""
+    trainer = digit_trainer(tiny_resnet(), digits, config(tmp_path, num_rounds=1, local_steps=1), evaluate=False)
+    trainer.train()
+    trainer.create_model_card(model_name="digits-fedavg-demo", dataset="bundled-digits", language="en",
+                              tags=["my-tag"], license="mit", tasks="image-classification")
+    for card in ((tmp_path / "run" / "README.md").read_text(),):
+        meta = _front_matter(card)
+        assert "\n# digits-fedavg-demo\n" in card and "# run\n" not in card
+        assert meta["datasets"] == ["bundled-digits"] and meta["language"] == ["en"] and meta["license"] == "mit"
+        assert meta["pipeline_tag"] == "image-classification"
+        assert meta["tags"][:2] == ["fedhf", "federated-learning"] and meta["tags"][-1] == "my-tag"
+    trainer.save_model(str(tmp_path / "again"))
+    assert "\n# digits-fedavg-demo\n" in (tmp_path / "again" / "README.md").read_text()
+    assert "| processes | 1 process (client_parallel: False, FSDP: False)" in (tmp_path / "again" / "README.md").read_text()
+
+
+def test_push_to_hub_offline_after_training_saves_and_names_the_upload_command(digits, tmp_path, monkeypatch):
+    """Offline, push_to_hub() saves what it would upload and says how to upload it later, in fedhf's words (not
+    huggingface_hub's OfflineModeIsEnabled)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    trainer = digit_trainer(tiny_resnet(), digits, config(tmp_path, num_rounds=1, local_steps=1), evaluate=False)
+    trainer.train()
+    with pytest.raises(OSError, match=r"HF_HUB_OFFLINE.*nothing was uploaded.*hf upload YOU/NAME .*run") as err:
+        trainer.push_to_hub(model_name="later")
+    assert type(err.value) is OSError
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    assert "\n# later\n" in (tmp_path / "run" / "README.md").read_text()

@@ -61,3 +61,14 @@ def test_label_smoothing_is_the_local_loss(tokenizer, sft, tmp_path):
 def test_unapplied_llm_settings_are_refused(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **overrides)
+
+
+def test_muons_matrix_lr_is_logged_beside_learning_rate(tokenizer, sft, tmp_path):
+    """Muon's matrices (all of LoRA) step at learning_rate x muon_lr_mult: the history says so; AdamW has no such
+    key."""
+    muon, _ = run(tokenizer, sft, tmp_path / "muon", algorithm="local_muon", learning_rate=3e-4, num_rounds=2,
+                  round_lr_schedule="cosine")
+    for entry in muon.federated_history:
+        assert entry["muon_matrix_lr"] == pytest.approx(entry["learning_rate"] * 100.0, rel=1e-12)
+    adamw, _ = run(tokenizer, sft, tmp_path / "adamw", algorithm="local_adamw", learning_rate=3e-4)
+    assert "muon_matrix_lr" not in adamw.federated_history[-1]

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ...core.choices import closest, not_one_of
+
 PROFILES = ("uniform", "lognormal")  # or the path of a CSV trace
 ROUND_POLICIES = ("wait_all", "deadline", "fedbuff")
 
@@ -108,12 +110,13 @@ def check_clock_fields(args) -> None:
     on, profile = clock_on(args), args.clock_profile
     checks = [
         (not on or profile in PROFILES or os.path.isfile(str(profile)),
-         f"`clock_profile` must be one of {PROFILES} or the path of a CSV trace; {profile!r} is neither"),
+         f"`clock_profile` must be one of {PROFILES} or the path of a CSV trace; {profile!r} is neither"
+         + closest(profile, PROFILES)),
         (args.clock_tokens_per_s > 0 and args.clock_uplink_mbps > 0 and args.clock_downlink_mbps > 0,
          "`clock_tokens_per_s`, `clock_uplink_mbps` and `clock_downlink_mbps` must be > 0"),
         (args.clock_spread >= 0, "`clock_spread` must be >= 0 (0: every client at the medians)"),
         (0 < args.clock_availability <= 1, "`clock_availability` must be in (0, 1]"),
-        (args.round_policy in ROUND_POLICIES, f"`round_policy` must be one of {ROUND_POLICIES}"),
+        (args.round_policy in ROUND_POLICIES, not_one_of("round_policy", args.round_policy, ROUND_POLICIES)),
         (args.over_selection >= 0, "`over_selection` must be >= 0, e.g. 0.3"),
         (args.clock_budget_s is None or args.clock_budget_s > 0, "`clock_budget_s` must be > 0"),
     ]

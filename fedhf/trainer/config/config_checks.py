@@ -17,6 +17,7 @@ import torch
 from ...data import PARTITION_KEYS, PARTITIONERS
 from ...metrics.direction import default_greater_is_better
 from ...runtime.hardware import cpu_has_bf16_matmul
+from ...core.choices import not_one_of
 
 _NUMBERS = {"float": float, "int": int}
 
@@ -95,14 +96,14 @@ def check_federation_fields(config, client_weightings, round_schedules) -> None:
         (config.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
         (config.num_rounds >= 1, "`num_rounds` must be >= 1"),
         (config.local_steps >= 1, f"`local_steps` must be >= 1 (got {config.local_steps})"),
-        (config.partition in PARTITIONERS, f"`partition` must be one of {PARTITIONERS}, got {config.partition!r}"),
+        (config.partition in PARTITIONERS, not_one_of("partition", config.partition, PARTITIONERS)),
         (config.dirichlet_alpha > 0,
          f"`dirichlet_alpha` must be > 0 (got {config.dirichlet_alpha}); 0.1 is strongly skewed, 100 nearly IID"),
         (config.min_partition_size >= 1, "`min_partition_size` must be >= 1: every client needs data"),
         (config.partition_max_retries >= 1, "`partition_max_retries` must be >= 1"),
         (config.partition_key in PARTITION_KEYS,
-         f"`partition_key` must be one of {PARTITION_KEYS} (or a callable passed as "
-         f"FederatedTrainer(partition_key=...)), got {config.partition_key!r}"),
+         not_one_of("partition_key", config.partition_key, PARTITION_KEYS)
+         + " (or a callable passed as FederatedTrainer(partition_key=...))"),
         (config.partition_key_buckets >= 2, f"`partition_key_buckets` must be >= 2 (got {config.partition_key_buckets})"),
         (math.isfinite(config.quantity_skew) and config.quantity_skew >= 0,
          f"`quantity_skew` must be a finite number >= 0 (got {config.quantity_skew}); 0 = equal sizes, 1 = Zipf"),
@@ -111,8 +112,10 @@ def check_federation_fields(config, client_weightings, round_schedules) -> None:
         (config.lora_client_ranks is None or (len(config.lora_client_ranks) == config.num_clients
                                             and all(int(r) >= 1 for r in config.lora_client_ranks)),
          f"`lora_client_ranks` needs one rank >= 1 per client ({config.num_clients}), got {config.lora_client_ranks}"),
-        (config.client_weighting in client_weightings, f"`client_weighting` must be one of {client_weightings}"),
-        (config.round_lr_schedule in round_schedules, f"`round_lr_schedule` must be one of {round_schedules}"),
+        (config.client_weighting in client_weightings,
+         not_one_of("client_weighting", config.client_weighting, client_weightings)),
+        (config.round_lr_schedule in round_schedules,
+         not_one_of("round_lr_schedule", config.round_lr_schedule, round_schedules)),
         (config.learning_rate is None or config.learning_rate > 0, "`learning_rate` must be > 0"),
         (config.weight_decay is None or config.weight_decay >= 0, "`weight_decay` must be >= 0"),
         (config.max_update_norm is None or config.max_update_norm > 0, "`max_update_norm` must be > 0 or unset"),

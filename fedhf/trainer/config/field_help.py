@@ -24,6 +24,7 @@ def field_groups() -> Dict[str, List[str]]:
     """Group title -> the init fields each class of FederatedConfig's bases declares, in declaration order."""
     from transformers import TrainingArguments
 
+    from .clock_settings import ClockSettings
     from .compression_settings import CompressionSettings
     from .federated_config import FederatedConfig
     from .partition_settings import PartitionSettings
@@ -31,11 +32,14 @@ def field_groups() -> Dict[str, List[str]]:
 
     titles = ((FederatedConfig, "the federation and its algorithm"), (PartitionSettings, "the data split"),
               (CompressionSettings, "compression"), (PrivacySettings, "privacy"),
+              (ClockSettings, "the simulated clock (docs/clock.md)"),
               (TrainingArguments, "TrainingArguments (honoured in rounds or refused)"))
     init = [f.name for f in dataclasses.fields(FederatedConfig) if f.init]
-    groups, seen = {}, set()
+    # a TrainingArguments field FederatedConfig re-declares (a new default, e.g. logging_steps) is still Trainer's
+    groups, seen = {}, set(vars(TrainingArguments).get("__annotations__", {}))
     for cls, title in titles:
-        own = [n for n in init if n in vars(cls).get("__annotations__", {}) and n not in seen]
+        own = [n for n in init if n in vars(cls).get("__annotations__", {})
+               and (n not in seen or cls is TrainingArguments)]
         seen.update(own)
         groups[title] = own
     groups[titles[-1][1]] += [n for n in init if n not in seen]

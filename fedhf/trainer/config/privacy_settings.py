@@ -12,6 +12,7 @@ from typing import Optional
 from ...privacy import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, adaptive_noise_split, calibrate_noise
 from ...privacy.secagg import SecAggCodec
 from .clock_settings import sampled_per_round
+from ...core.choices import not_one_of
 
 DP_MODES = ("off", "central", "distributed")
 
@@ -178,9 +179,9 @@ def check_privacy_fields(args) -> None:
     """Each privacy field's value, with the fix named; the pairs that cannot work are rows of the refusal table
     (fedhf/trainer/config/combinations.py), and what the budget allows is :func:`check_privacy_budget`."""
     checks = [
-        (args.client_sampling in SAMPLINGS, f"`client_sampling` must be one of {SAMPLINGS}"),
-        (args.dp_mode in DP_MODES, f"`dp_mode` must be one of {DP_MODES}"),
-        (args.dp_accountant in ACCOUNTANTS, f"`dp_accountant` must be one of {ACCOUNTANTS}"),
+        (args.client_sampling in SAMPLINGS, not_one_of("client_sampling", args.client_sampling, SAMPLINGS)),
+        (args.dp_mode in DP_MODES, not_one_of("dp_mode", args.dp_mode, DP_MODES)),
+        (args.dp_accountant in ACCOUNTANTS, not_one_of("dp_accountant", args.dp_accountant, ACCOUNTANTS)),
         (args.dp_noise_multiplier is None or args.dp_noise_multiplier >= 0, "`dp_noise_multiplier` must be >= 0"),
         (args.dp_epsilon is None or args.dp_epsilon > 0, "`dp_epsilon` must be > 0"),
         (args.dp_delta is None or 0 < args.dp_delta < 1, "`dp_delta` must be in (0, 1), e.g. 1e-5"),

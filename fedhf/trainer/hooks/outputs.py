@@ -14,7 +14,7 @@ from transformers.utils import logging
 from .base import RoundHook
 from .hook_state import check_same_on_every_process
 from ..hub import push_round_checkpoint
-from ..config.privacy_settings import dp_on
+from ..config.privacy_settings import dp_delta, dp_on
 from ...data import save_partition_report
 from ...metrics import plot_history, write_json_atomic
 from ...state import load_checkpoint, save_checkpoint
@@ -65,8 +65,9 @@ class HistoryPlot(RoundHook):
     def on_train_end(self, trainer, run) -> None:
         if trainer.is_world_process_zero():
             title = f"{trainer.algorithm.name}: {os.path.basename(os.path.normpath(trainer.args.output_dir))}"
+            delta = dp_delta(trainer.args) if dp_on(trainer.args) else None
             plot_history(trainer.federated_history, os.path.join(trainer.args.output_dir, "federated_history.png"),
-                         title=title)
+                         title=title, dp_delta=delta)
 
 
 class Checkpoints(RoundHook):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 from transformers import HfArgumentParser
 
@@ -188,3 +189,19 @@ def test_evaluation_on_a_machine_without_an_accelerator_shows_no_pin_memory_warn
         warnings.simplefilter("always")
         metrics = trainer.evaluate()
     assert "eval_loss" in metrics and not [str(w.message) for w in caught if "pin_memory" in str(w.message)]
+
+
+def test_fedhf_train_help_groups_the_clock_fields_and_keeps_trainers_fields_with_trainer():
+    """The clock's fields have their own group; a TrainingArguments field FederatedConfig gives a new default
+    (logging_steps) is listed with TrainingArguments, not with the federation."""
+    from fedhf.trainer.config.clock_settings import ClockSettings
+    from fedhf.trainer.config.field_help import field_groups
+
+    groups = field_groups()
+    clock = [f.name for f in dataclasses.fields(ClockSettings)]
+    assert groups["the simulated clock (docs/clock.md)"] == clock
+    trainer = groups["TrainingArguments (honoured in rounds or refused)"]
+    assert "logging_steps" in trainer and "logging_steps" not in groups["the federation and its algorithm"]
+    assert not set(clock) & set(trainer)
+    every = [n for names in groups.values() for n in names]
+    assert len(every) == len(set(every))  # each field in one group

@@ -145,3 +145,24 @@ def _declared():
     from round_hook_update_norms import UpdateNorms
 
     return UpdateNorms.released_under_dp
+
+
+def test_check_round_hook_passes_every_hook_of_the_run_and_names_a_broken_one(trained):
+    """fedhf.testing.check_round_hook: the same checks for a user's hook, without this file."""
+    from fedhf.testing import check_round_hook
+
+    for hook in trained.hooks.hooks:
+        check_round_hook(hook, trained)
+
+    class Repeats(RoundHook):
+        def select_clients(self, trainer, run, clients):
+            return clients + clients[:1]
+
+    class Renamed(RoundHook):
+        def after_aggregate(self, trainer, run, sums, log):
+            log["x"] = 1.0
+
+    with pytest.raises(AssertionError, match="Repeats.select_clients answered"):
+        check_round_hook(Repeats(), trained)
+    with pytest.raises(AssertionError, match=r"Renamed.after_aggregate takes .*'log'\]; the protocol's"):
+        check_round_hook(Renamed(), trained)
