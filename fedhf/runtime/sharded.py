@@ -94,6 +94,26 @@ def check_fsdp_launch(args) -> None:
                      "`accelerate launch --config_file <an FSDP config> script.py`, or unset `fsdp`.")
 
 
+# ``accelerate launch`` FSDP settings that would change what is sharded, saved or loaded, and the values of them that
+# fedhf's own behaviour matches (units from the decoder layers or the named classes, one consolidated save)
+APPLIED_LAUNCH_VALUES = {
+    "FSDP_AUTO_WRAP_POLICY": ("TRANSFORMER_BASED_WRAP",),
+    "FSDP_STATE_DICT_TYPE": ("FULL_STATE_DICT",),
+}
+
+
+def _refuse_unapplied_launch_values(env) -> None:
+    """The accelerate config's values fedhf would otherwise replace without a word (a size-based or no wrap, a sharded
+    state dict), refused with the value fedhf applies. (accelerate's sharding strategy is FSDP1's; FSDP2 reads
+    ``fsdp_reshard_after_forward``, which fedhf applies.)"""
+    unapplied = {k: env[k] for k, accepted in APPLIED_LAUNCH_VALUES.items() if k in env and env[k] not in accepted}
+    if unapplied:
+        fixes = ", ".join(f"{k.lower()}: {APPLIED_LAUNCH_VALUES[k][0]}" for k in unapplied)
+        raise ValueError(f"The accelerate config's FSDP settings {unapplied} are not applied by fedhf (it shards the "
+                         f"decoder layers, or the classes in fsdp_transformer_layer_cls_to_wrap, and saves one "
+                         f"consolidated model): set {fixes} in the accelerate config, or remove them.")
+
+
 def fsdp_settings(args) -> FSDPSettings:
     """The FSDP settings of a run, from ``fsdp``/``fsdp_config`` (TrainingArguments turns them into
     ``fsdp_plugin_args``) or else from an ``accelerate launch`` FSDP config (its ``FSDP_*`` environment); refuses,
@@ -111,6 +131,7 @@ def fsdp_settings(args) -> FSDPSettings:
         classes, reshard = plugin.get("transformer_cls_names_to_wrap", ""), plugin.get("reshard_after_forward", True)
     else:
         env = LAUNCH_ENVIRONMENT
+        _refuse_unapplied_launch_values(env)
         version, offload = int(env.get("FSDP_VERSION", "1")), _flag(env.get("FSDP_OFFLOAD_PARAMS", "false"))
         checkpointing = _flag(env.get("FSDP_ACTIVATION_CHECKPOINTING", "false"))
         classes, reshard = env.get("FSDP_TRANSFORMER_CLS_TO_WRAP", ""), env.get("FSDP_RESHARD_AFTER_FORWARD", "true")

@@ -162,3 +162,19 @@ def test_what_cannot_run_on_shards_is_refused_before_work(tmp_path, tweets, toke
     with pytest.raises(ValueError, match="torchrun"):  # one process, no process group: nothing to shard over
         tweet_trainer(model, tweets, tokenizer, config(tmp_path))
     assert not (tmp_path / "run").exists() or os.listdir(tmp_path / "run") == []
+
+
+@pytest.mark.parametrize("value", [{"FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP", "FSDP_MIN_NUM_PARAMS": "1000000"},
+                                   {"FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}])
+def test_accelerate_fsdp_values_fedhf_would_replace_are_refused(tmp_path, monkeypatch, value):
+    """An accelerate config's size-based wrap or sharded state dict would be replaced by the decoder-layer units and
+    one consolidated save without a word; the documented config's values are accepted."""
+    documented = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+                  "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT", "FSDP_SHARDING_STRATEGY": "FULL_SHARD",
+                  "FSDP_CPU_RAM_EFFICIENT_LOADING": "false", "FSDP_TRANSFORMER_CLS_TO_WRAP": "LlamaDecoderLayer"}
+    args = config(tmp_path)
+    monkeypatch.setattr(sharded, "LAUNCH_ENVIRONMENT", documented)
+    assert sharded.fsdp_settings(args).layer_classes == ("LlamaDecoderLayer",)
+    monkeypatch.setattr(sharded, "LAUNCH_ENVIRONMENT", {**documented, **value})
+    with pytest.raises(ValueError, match=r"not applied by fedhf.*in the accelerate config"):
+        sharded.fsdp_settings(args)
