@@ -53,8 +53,16 @@ TASK = {"model": "bundled-gemma-3-270m", "lora_r": 8, "lora_targets": "q_proj,v_
 
 
 # ---------------------------------------------------------------- the plan
+# DiLoCo and MuLoCo keep each client's inner optimizer state since the presets became faithful (docs/algorithms.md
+# 2.16); their runs stored before then reset it every round, so their settings name the change and they rerun.
+KEPT_INNER_STATE = ("diloco", "muloco")
+
+
 def run_settings(label: str, seed: int) -> dict:
-    return {**TASK, "algorithm": label, "seed": seed}
+    settings = {**TASK, "algorithm": label, "seed": seed}
+    if parse_variant(label)[0] in KEPT_INNER_STATE:
+        settings["inner_state"] = "kept"
+    return settings
 
 
 def run_path(settings: dict, runs_dir: str = RUNS_DIR) -> str:
