@@ -63,7 +63,7 @@ from .runners.loss_scaling import LossScale
 from .runners.memory_plan import check_budget, plan_memory, plan_text
 from .hooks.outputs import HISTORY_FILE, restore_run
 from .published import PublishedModel
-from .hp_search import check_search, run_trial
+from .runners.hp_search import check_search, run_trial
 from .runners.base import choose_runner
 from ..server.server_needs import base_fold, gathering
 from .config.settings import expose_rounds_to_callbacks, should_evaluate, should_log, should_save
@@ -100,7 +100,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
             raise TypeError(f"`round_hooks` takes instances of fedhf.RoundHook (subclass it and override the events "
                             f"you need: docs/round_hooks.md), got {wrong}.")
         self.user_round_hooks: List[RoundHook] = list(round_hooks or [])
-        # how this trainer was built, for the trials of hyperparameter_search (fedhf/trainer/hp_search.py)
+        # how this trainer was built, for the trials of hyperparameter_search (fedhf/trainer/runners/hp_search.py)
         self.construction = (trainer_args, dict(trainer_kwargs, client_partitions=client_partitions,
                                                 partition_key=partition_key, round_hooks=round_hooks))
         self.search_trial = None  # the optuna trial this trainer's run is, reported at evaluation rounds
@@ -183,7 +183,7 @@ class FederatedTrainer(LabelledPositionsLoss, PublishedModel, Trainer):
     def hyperparameter_search(self, hp_space=None, compute_objective=None, n_trials: int = 20,
                               direction="minimize", backend=None, hp_name=None, **kwargs):
         """Trainer's search with each trial a federated run in ``<output_dir>/trial-<n>`` (optuna only; the
-        keyword arguments reach ``optuna.create_study``: fedhf/trainer/hp_search.py)."""
+        keyword arguments reach ``optuna.create_study``: fedhf/trainer/runners/hp_search.py)."""
         check_search(self, backend)
         return super().hyperparameter_search(hp_space, compute_objective, n_trials, direction, "optuna", hp_name,
                                              **kwargs)

@@ -12,7 +12,7 @@ import pytest
 
 from fedhf import FederatedTrainer
 from fedhf.metrics import accuracy_metrics
-from fedhf.trainer.hp_search import TRIAL_FOLDER
+from fedhf.trainer.runners.hp_search import TRIAL_FOLDER
 
 from tests.helpers import config, tiny_resnet
 
