@@ -53,8 +53,17 @@ TASK = {"model": "bundled-gemma-3-270m", "lora_r": 8, "lora_targets": "q_proj,v_
 
 
 # ---------------------------------------------------------------- the plan
+LOGLIK_KEYS = ("eval_loglik_accuracy", "eval_loglik_answer_logprob", "eval_generation_unparseable_rate")
+# DiLoCo and MuLoCo keep each client's inner optimizer state since the presets became faithful (docs/algorithms.md
+# 2.16); their runs stored before then reset it every round, so their settings name the change and they rerun.
+KEPT_INNER_STATE = ("diloco", "muloco")
+
+
 def run_settings(label: str, seed: int) -> dict:
-    return {**TASK, "algorithm": label, "seed": seed}
+    settings = {**TASK, "algorithm": label, "seed": seed}
+    if parse_variant(label)[0] in KEPT_INNER_STATE:
+        settings["inner_state"] = "kept"
+    return settings
 
 
 def run_path(settings: dict, runs_dir: str = RUNS_DIR) -> str:
@@ -123,8 +132,8 @@ def load_data(task: dict) -> dict:
     held = test.select(range(task["eval_rows"]))
     generation = test.select(range(task["eval_rows"], task["eval_rows"] + task["generation_rows"]))
 
-    def pairs(rows):
-        return list(rows["prompt"]), [TWEET_LABELS[y] for y in rows["label"]]
+    def pairs(rows):  # answers written as the completions and the log-likelihood choices are: " positive"
+        return list(rows["prompt"]), [" " + TWEET_LABELS[y] for y in rows["label"]]
 
     tokenize = lambda rows: tokenize_sft(rows, tokenizer, max_length=task["max_length"])  # noqa: E731
     return {"path": path, "tokenizer": tokenizer, "train": tokenize(train), "test": tokenize(held),
@@ -152,7 +161,10 @@ def run_one(settings: dict, data: dict) -> dict:
 
     name, overrides = parse_variant(settings["algorithm"])
     tokenizer = data["tokenizer"]
-    scorer = GenerationEvalCallback(tokenizer, *data["test_pairs"])
+    from fedhf.data.demo import TWEET_LABELS
+
+    # the generative score and, parser-free, the log-likelihood of the three answers (docs/llm.md)
+    scorer = GenerationEvalCallback(tokenizer, *data["test_pairs"], choices=[" " + t for t in TWEET_LABELS])
     with tempfile.TemporaryDirectory(prefix="fedhf-llm-comparison-") as out:
         args = FederatedConfig(
             output_dir=out, algorithm=name, seed=settings["seed"], num_clients=settings["num_clients"],
@@ -174,9 +186,10 @@ def run_one(settings: dict, data: dict) -> dict:
         # the final model on the validation rows: the same scorer, pointed at their prompts
         scorer.prompts, scorer.answers = data["validation_pairs"]
         validation = trainer.evaluate(eval_dataset=data["validation"])
-    history = [{k: v for k, v in entry.items() if k in HISTORY_KEYS} for entry in trainer.federated_history]
+    kept = HISTORY_KEYS + LOGLIK_KEYS
+    history = [{k: v for k, v in entry.items() if k in kept} for entry in trainer.federated_history]
     return {"settings": settings, "wall_s": wall, "history": history, "threads": torch.get_num_threads(),
-            "validation": {k: validation[k] for k in ("eval_loss", "eval_generation_accuracy")},
+            "validation": {k: validation[k] for k in ("eval_loss", "eval_generation_accuracy") + LOGLIK_KEYS},
             "fedhf_commit": code_version(), "algorithm_description": trainer.algorithm.describe(),
             "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
             "load_average_1min": os.getloadavg()[0]}

@@ -6,6 +6,13 @@ Per algorithm: the lr bracket's validation scores (seed 0) and the chosen lr; at
 generation accuracy and eval loss after the last round per seed and as mean +- std (sample std over the finished
 seeds; n says how many); and the curves per evaluated round with the uplink MB sent by then. While an algorithm's
 bracket is unfinished its default-lr run (seed 0) is shown instead, marked so.
+
+Seeds and intervals: each algorithm's mean over its finished seeds with a 95 % t-interval, mean +- t_{0.975, n-1}
+s / sqrt(n) (s the sample standard deviation; no interval from one seed), and the paired difference to FedAvg:
+the per-seed differences d_s = score(algorithm, seed s) - score(FedAvg, seed s) over the seeds both finished (the
+same seed draws the same client split and cohorts, so the pair shares them), their mean with the same t-interval.
+A difference is *resolved* when its interval excludes 0. Both for the generative accuracy and, where the runs
+recorded it, the log-likelihood accuracy.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import os
 import sys
 
 import numpy as np
+from scipy import stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -27,6 +35,59 @@ NAMES = {"fedavg": "FedAvg", "local_adamw": "Local AdamW", "scaffold": "SCAFFOLD
          "fedmuon": "FedMuon", "local_muon": "Local Muon", "fadam_gt": "FAdam-GT", "diloco": "DiLoCo",
          "muloco": "MuLoCo"}
 ACC, LOSS = "eval_generation_accuracy", "eval_loss"
+LOGLIK = "eval_loglik_accuracy"
+BASELINE = "fedavg"
+
+
+def t_interval(values, level: float = 0.95):
+    """(mean, half-width) of the t-interval over ``values``; the half-width is NaN below two values."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return (float(values.mean()) if len(values) else float("nan")), float("nan")
+    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return float(values.mean()), float(half)
+
+
+def paired_difference(scores: dict, baseline: dict) -> dict:
+    """The paired difference to the baseline over the seeds both have ({seed: score} each): its seeds, mean,
+    95 % half-width, and whether the interval excludes 0."""
+    seeds = sorted(set(scores) & set(baseline))
+    mean, half = t_interval([scores[s] - baseline[s] for s in seeds])
+    return {"seeds": seeds, "mean": mean, "ci95": half, "resolved": bool(np.isfinite(half) and abs(mean) > half)}
+
+
+def final_scores(row: dict, key: str) -> dict:
+    """{seed: the final test score ``key``} of a row's finished seeds that recorded it."""
+    return {seed: record["history"][-1][key] for seed, record in sorted(row["records_by_seed"].items())
+            if record is not None and key in record["history"][-1]}
+
+
+def seed_table(rows: dict) -> list:
+    """The markdown lines of the seeds section: each metric's mean +- 95 % interval and paired difference."""
+    lines = ["## Seeds: 95 % intervals, and the paired difference to FedAvg (same seeds, same splits)", ""]
+    for key, label in ((ACC, "generative accuracy"), (LOGLIK, "log-likelihood accuracy")):
+        base = final_scores(rows[BASELINE], key) if BASELINE in rows else {}
+        lines += [f"{label}:", "", "| algorithm | seeds | mean +- 95 % | minus FedAvg, mean +- 95 % | resolved |",
+                  "|---|---|---|---|---|"]
+        for name, row in rows.items():
+            scores = final_scores(row, key)
+            if not scores:
+                lines.append(f"| {row['name']} | 0 | pending | pending | - |")
+                continue
+            mean, half = t_interval(list(scores.values()))
+            cell = f"{mean:.3f} +- {half:.3f}" if np.isfinite(half) else f"{mean:.3f} (no interval from 1 seed)"
+            if name == BASELINE:
+                lines.append(f"| {row['name']} | {len(scores)} | {cell} | (baseline) | - |")
+                continue
+            diff = paired_difference(scores, base)
+            if not diff["seeds"]:
+                lines.append(f"| {row['name']} | {len(scores)} | {cell} | no common seed | - |")
+                continue
+            d = (f"{diff['mean']:+.3f} +- {diff['ci95']:.3f}" if np.isfinite(diff["ci95"])
+                 else f"{diff['mean']:+.3f} (1 seed)")
+            lines.append(f"| {row['name']} | {len(scores)} | {cell} | {d} | {'yes' if diff['resolved'] else 'no'} |")
+        lines.append("")
+    return lines
 
 
 def majority_accuracy() -> float:
@@ -67,7 +128,7 @@ def summarize(name: str) -> dict:
                            "min": low.tolist(), "max": high.tolist()})
     chosen_lr = next((lr for lr, lab in lrs.items() if lab == label), None)
     return {"name": NAMES[name], "label": label, "status": status, "lr": chosen_lr, "bracket": grid,
-            "seeds": finals, "curves": rounds, "records": finished,
+            "seeds": finals, "curves": rounds, "records": finished, "records_by_seed": seeds,
             "accuracy": mean_std([f["accuracy"] for f in finals.values() if f]),
             "eval_loss": mean_std([f["eval_loss"] for f in finals.values() if f])}
 
@@ -100,7 +161,8 @@ def markdown(rows: dict, majority: float) -> str:
         lr = f"{row['lr']:.3g}" + ("" if row["status"] == "chosen" else " (default; bracket pending)")
         lines.append(f"| {row['name']} | {lr} | {row['accuracy']} | {row['eval_loss']} | " + " | ".join(per_seed)
                      + f" | {mb} | {wall} |")
-    lines += ["", "## Per evaluated round (mean over the finished seeds at the row's lr; uplink MB sent by then)", ""]
+    lines += [""] + seed_table(rows)
+    lines += ["## Per evaluated round (mean over the finished seeds at the row's lr; uplink MB sent by then)", ""]
     for row in rows.values():
         if not row["curves"]:
             lines.append(f"- {row['name']}: pending")
@@ -141,7 +203,11 @@ def main() -> None:
     with open(OUT + ".md", "w") as f:
         f.write(markdown(rows, majority) + "\n## Summary (the table of README.md)\n\n" + summary_table(rows))
     write_json_atomic({"task": TASK, "majority_accuracy": majority,
-                       "algorithms": {n: {k: v for k, v in r.items() if k != "records"} for n, r in rows.items()}},
+                       "algorithms": {n: {k: v for k, v in r.items() if k not in ("records", "records_by_seed")}
+                                      for n, r in rows.items()},
+                       "paired_difference_to_fedavg": {
+                           key: {n: paired_difference(final_scores(r, key), final_scores(rows[BASELINE], key))
+                                 for n, r in rows.items() if n != BASELINE} for key in (ACC, LOGLIK)}},
                       OUT + ".json")
     plotted = {r["name"]: r["records"] for r in rows.values() if r["records"]}
     if plotted:

@@ -11,8 +11,9 @@ FedMuon; ``--load_in_4bit`` loads the base through BitsAndBytesConfig (NF4) + pr
 (the flags are the Makefile's ``DEMO_LLM_FLAGS``): LoRA on the pretrained Gemma-3-270M (built once into a cache
 from the ``llm-demo`` extra) over the bundled tweets as instruction pairs ("Tweet: ...\\nSentiment:" ->
 " positive"), split by sentiment; ``bundled-tiny-llama`` instead trains a small LlamaForCausalLM built from a
-config. Each evaluated round's eval loss, perplexity and generation accuracy (greedy answer, first word) go to
-federated_history.json/.png.
+config. Each evaluated round's eval loss, perplexity and generation accuracy (greedy answer, first word; or
+FlowerTune's finance rule with ``--answer_rule flowertune``), and on the bundled tweets the unparseable rate and the
+log-likelihood accuracy over the three answers, go to federated_history.json/.png and the model card.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class SFTArguments:
         "help": "The frozen base's dtype (LoRA stays float32): bfloat16, float32, or auto: bfloat16 where the "
                 "hardware multiplies it (a CUDA GPU with bf16, a CPU with AVX512-BF16/AMX), else float32."})
     tiny_hidden: int = field(default=64, metadata={"help": "Hidden size of the bundled tiny Llama."})
+    answer_rule: str = field(default="first_word", metadata={
+        "help": "How a generated answer is read: first_word, or flowertune (FlowerTune's finance sentiment rule)."})
 
 
 def check_offline(extras: SFTArguments) -> None:
@@ -120,7 +123,7 @@ def load_data(extras: SFTArguments, seed: int):
         train, test = subsample(splits["train"], extras.train_rows, seed), splits["test"].shuffle(seed=seed)
         held = test.select(range(extras.eval_rows))
         gen = test.select(range(extras.eval_rows, extras.eval_rows + extras.generation_rows))
-        return train, held, (gen["prompt"], [TWEET_LABELS[y] for y in gen["label"]])
+        return train, held, (gen["prompt"], [" " + TWEET_LABELS[y] for y in gen["label"]])
     import datasets
 
     rows = datasets.load_dataset(extras.dataset, split="train").shuffle(seed=seed)
@@ -166,7 +169,10 @@ def main(argv=None) -> dict:
     train, held, generation = load_data(extras, args.seed)
     train = tokenize_sft(train, tokenizer, max_length=extras.max_length)
     held = tokenize_sft(held, tokenizer, max_length=extras.max_length)
-    callbacks = [GenerationEvalCallback(tokenizer, *(generation or ((), ())))]
+    # the bundled tweets have a closed set of answers: also scored by log-likelihood (parser-free) each evaluation
+    choices = [" " + label for label in TWEET_LABELS] if extras.dataset == BUNDLED_DATA else ()
+    callbacks = [GenerationEvalCallback(tokenizer, *(generation or ((), ())), choices=choices,
+                                        answer_rule=extras.answer_rule)]
     model = load_model(extras, tokenizer, args.seed)
     trainer = FederatedTrainer(model=model, args=args, train_dataset=train, eval_dataset=held,
                                data_collator=SFTCollator(tokenizer), processing_class=tokenizer, callbacks=callbacks)
@@ -177,9 +183,11 @@ def main(argv=None) -> dict:
     history = trainer.federated_history
     evaluated = [h for h in history if "eval_loss" in h]
     for h in evaluated:
-        acc = h.get("eval_generation_accuracy")
+        acc, loglik = h.get("eval_generation_accuracy"), h.get("eval_loglik_accuracy")
         print(f"round {h['round']:3d}  eval_loss {h['eval_loss']:.4f}  perplexity {h['eval_perplexity']:.2f}"
-              + (f"  generation_accuracy {acc:.3f}" if acc is not None else ""))
+              + (f"  generation_accuracy {acc:.3f}" if acc is not None else "")
+              + (f"  unparseable {h['eval_generation_unparseable_rate']:.3f}  loglik_accuracy {loglik:.3f}"
+                 f"  answer_logprob {h['eval_loglik_answer_logprob']:.3f}" if loglik is not None else ""))
     return evaluated[-1] if evaluated else {}
 
 

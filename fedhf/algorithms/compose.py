@@ -2,7 +2,7 @@
 
 * ``local_optimizer`` -- the optimizer a client runs (:class:`fedhf.optim.LocalOptimizer`);
 * ``state_sync`` -- what happens to the optimizer's state Theta between rounds (:mod:`fedhf.sync`: reset,
-  persist_local, average_warmstart, compressed_average);
+  persist_local, average_warmstart, compressed_average, desloc);
 * ``correction`` -- how the local step is steered toward the global one (:mod:`fedhf.corrections`);
 * ``server_rule`` -- how the summed client results become the next global model (:mod:`fedhf.server`).
 
@@ -71,7 +71,7 @@ def check_basis_stable_state(algorithm: Algorithm) -> None:
             f"{algorithm.correction.name!r} keeps state for A and B from round to round, which would be applied in "
             "the old basis. Use server_rule='fedex_lora' (it keeps the averaged A and B) or a stateless correction "
             "(`correction='none'` or 'proximal').")
-    if algorithm.state_sync.imports_theta:
+    if algorithm.state_sync.carries_state:
         raise ValueError(
             f"`server_rule={rule.name!r}` rebuilds LoRA A and B in a new basis every round, but `state_sync="
             f"{algorithm.state_sync.name!r}` carries the optimizer state of A and B into the next round, where it "
@@ -145,7 +145,9 @@ def compose(
         replaced.append(f"server_rule={server_rule}")
     elif server_rule_kwargs:
         raise ValueError("`server_rule_kwargs` was given without `server_rule`; name the rule it configures.")
-    if state_sync is not None:
+    if state_sync is not None and state_sync == algo.state_sync.name and not state_sync_kwargs:
+        pass  # the algorithm's own rule, with its own settings (DiLoCo's persist_local keeps the whole state)
+    elif state_sync is not None:
         changes["state_sync"] = _build(STATE_SYNCS, state_sync, state_sync_kwargs, "state_sync_kwargs")
         replaced.append(f"state_sync={state_sync}")
     elif state_sync_kwargs:

@@ -1,5 +1,5 @@
-"""First-order algorithms: FedAvg, FedAvgM, FedProx, SCAFFOLD, FedCM, FedOpt, and the Local AdamW / Local Muon
-baselines (each a composition of one option per axis; see :mod:`fedhf.algorithm`)."""
+"""First-order algorithms: FedAvg, FedAvgM, FedProx, SCAFFOLD, FedCM, FedOpt, DES-LOC, and the Local AdamW / Local
+Muon baselines (each a composition of one option per axis; see :mod:`fedhf.algorithm`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from .compose import ALGORITHMS, Algorithm
 from ..corrections import ControlVariate, GlobalMix, Proximal
 from ..optim import LocalOptimizer
 from ..server import AdaptiveServer, Mean, ServerMomentum, ServerRule, Step
+from ..sync import DesLoc
 
 
 def _sgd(lr: float, weight_decay: float, momentum: float = 0.0) -> LocalOptimizer:
@@ -25,6 +26,19 @@ def local_adamw(lr: float = 3e-4, weight_decay: float = 0.01, betas=(0.9, 0.999)
     """Local AdamW, state reset every round (FedPAC Alg. 1, Table 8). Sends Delta up, x down (|x| each)."""
     opt = LocalOptimizer("adamw", {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps})
     return Algorithm("local_adamw", opt)
+
+
+@ALGORITHMS.register("desloc")
+def desloc(lr: float = 3e-4, weight_decay: float = 0.01, betas=(0.9, 0.999), eps: float = 1e-8,
+           first_moment_period: int = 3, second_moment_period: int = 6) -> Algorithm:
+    """DES-LOC (Iacob et al., 2025, "DES-LOC: Desynced Low Communication Adaptive Optimizers for Training Foundation
+    Models", arXiv 2505.22549): local AdamW whose whole state each client keeps; the parameters are averaged every
+    round, the first moment every ``first_moment_period`` rounds and the second every ``second_moment_period``
+    (:class:`fedhf.sync.DesLoc`; 3 and 6, the paper's recommended K_u = 3 K_x, K_v = 6 K_x). With both periods 1 it
+    is Local Adam (every state averaged every round). AdamW settings: Local AdamW's. Sends Delta (+ the moments due)
+    up, x (+ their averages) down."""
+    opt = LocalOptimizer("adamw", {"lr": lr, "weight_decay": weight_decay, "betas": tuple(betas), "eps": eps})
+    return Algorithm("desloc", opt, state_sync=DesLoc(first_moment_period, second_moment_period))
 
 
 @ALGORITHMS.register("local_muon")

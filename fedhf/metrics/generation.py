@@ -5,8 +5,22 @@ tokens. The generation metric asks the model what a person would: generate greed
 held-out prompt, parse the first word, compare it with the reference answer (the "first-word exact match" used
 for classification-as-generation, e.g. Brown et al. 2020, "Language Models are Few-Shot Learners", sec. 3.7).
 
-``GenerationEvalCallback`` adds both to the metrics of every ``evaluate()`` (so to the federated history and its
-plot); ``first_word_accuracy`` is the pure scorer, usable anywhere.
+Two rules turn a generated answer into a label (``answer_rule``):
+
+* ``"first_word"`` (default): the first word, as above; an answer whose first word is none of the closed set's is
+  *unparseable* (``eval_generation_unparseable_rate``, reported when the candidate answers are given).
+* ``"flowertune"``: FlowerTune's finance (sentiment) rule, so a number can be read beside its leaderboard. Flower's
+  finance evaluation maps both the generated text and the reference to "positive" if it contains "positive" or
+  "Positive" anywhere, else to "negative" if it contains "negative" or "Negative", else to "neutral", and counts
+  matches. Nothing is unparseable under it (an answer without either word is "neutral"), so an answer that says
+  nothing scores as neutral. Differences left: FlowerTune generates up to 512 tokens of the full prompt and reads the
+  text after "Answer: "; here the continuation is ``max_new_tokens`` long after the task's own prompt.
+
+Given the closed set of answers (``choices``), the callback also scores them by log-likelihood
+(:mod:`fedhf.metrics.loglik`): ``eval_loglik_accuracy`` and ``eval_loglik_answer_logprob``, the parser-free number.
+
+``GenerationEvalCallback`` adds these to the metrics of every ``evaluate()`` (so to the federated history, its
+plot and the model card); ``first_word_accuracy`` and ``flowertune_accuracy`` are the pure scorers.
 """
 
 from __future__ import annotations
@@ -36,6 +50,32 @@ def first_word_accuracy(predictions: Sequence[str], answers: Sequence[str]) -> f
                for p, a in zip(predictions, answers)) / len(answers)
 
 
+def flowertune_label(text: str) -> str:
+    """FlowerTune's finance rule: "positive" if the text holds "positive"/"Positive", else "negative" if it holds
+    "negative"/"Negative", else "neutral" (substrings, these two spellings only)."""
+    if "positive" in text or "Positive" in text:
+        return "positive"
+    if "negative" in text or "Negative" in text:
+        return "negative"
+    return "neutral"
+
+
+def flowertune_accuracy(predictions: Sequence[str], answers: Sequence[str]) -> float:
+    """The share of predictions whose FlowerTune label is the answer's."""
+    if len(predictions) != len(answers) or not answers:
+        raise ValueError(f"{len(predictions)} predictions for {len(answers)} answers; need as many, at least one.")
+    return sum(flowertune_label(p) == flowertune_label(a) for p, a in zip(predictions, answers)) / len(answers)
+
+
+def unparseable_rate(predictions: Sequence[str], choices: Sequence[str]) -> float:
+    """The share of predictions whose first word is none of the choices' first words."""
+    if not predictions:
+        raise ValueError("unparseable_rate needs at least one prediction.")
+    known = {first_word(c) for c in choices}
+    return sum(first_word(p) not in known for p in predictions) / len(predictions)
+
+
+ANSWER_RULES = {"first_word": first_word_accuracy, "flowertune": flowertune_accuracy}
 Prompt = Union[str, List[dict]]  # text, or a chat (a list of {"role", "content"}) to answer
 
 
@@ -95,19 +135,35 @@ def generate_answers(model, tokenizer, prompts: Sequence[Prompt], max_new_tokens
 
 class GenerationEvalCallback(TrainerCallback):
     """On every evaluation: ``eval_perplexity``, and ``eval_generation_accuracy`` over (prompt, answer) pairs if
-    any are given. A prompt is text or a chat (a list of messages, answered after the chat template's generation
-    prompt); ``max_prompt_tokens`` (default: none, the whole prompt as the model will see it in use) bounds a
-    long prompt, keeping its BOS and its end."""
+    any are given, read with ``answer_rule`` ("first_word" or "flowertune", see the module docstring). A prompt is
+    text or a chat (a list of messages, answered after the chat template's generation prompt); ``max_prompt_tokens``
+    (default: none, the whole prompt as the model will see it in use) bounds a long prompt, keeping its BOS and its
+    end.
+
+    ``choices``: the closed set of answers as the completions are written (" negative", " neutral", " positive"),
+    each answer among them. Given it, every evaluation also reports ``eval_generation_unparseable_rate`` (first-word
+    rule) and the log-likelihood scores ``eval_loglik_accuracy`` and ``eval_loglik_answer_logprob``
+    (:mod:`fedhf.metrics.loglik`)."""
 
     def __init__(self, tokenizer, prompts: Sequence[Prompt] = (), answers: Sequence[str] = (),
-                 max_new_tokens: int = 3, max_prompt_tokens: Optional[int] = None) -> None:
+                 max_new_tokens: int = 3, max_prompt_tokens: Optional[int] = None, choices: Sequence[str] = (),
+                 answer_rule: str = "first_word") -> None:
         if len(prompts) != len(answers):
             raise ValueError("GenerationEvalCallback needs as many answers as prompts (none: perplexity only).")
+        if answer_rule not in ANSWER_RULES:
+            raise ValueError(f"`answer_rule` must be one of {sorted(ANSWER_RULES)}, got {answer_rule!r}.")
         _check_max_prompt_tokens(max_prompt_tokens)  # before training, not at the first evaluation
         for prompt in prompts:
             prompt_ids(tokenizer, prompt)  # a chat without a chat template is refused here, before training
+        self.choices = list(choices)
+        if self.choices:
+            missing = sorted({a for a in answers if a not in self.choices})
+            if missing:
+                raise ValueError(f"Answers {missing[:3]} are not among `choices` {self.choices}: give the answers as "
+                                 "the choices write them (with their leading space).")
         self.tokenizer, self.prompts, self.answers = tokenizer, list(prompts), list(answers)
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
+        self.answer_rule = answer_rule
 
     def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
         # Trainer.evaluate returns this same dict after the callbacks ran, so the additions reach the history.
@@ -117,4 +173,12 @@ class GenerationEvalCallback(TrainerCallback):
             return
         predictions = generate_answers(model, self.tokenizer, self.prompts, self.max_new_tokens,
                                        args.per_device_eval_batch_size, self.max_prompt_tokens)
-        metrics["eval_generation_accuracy"] = first_word_accuracy(predictions, self.answers)
+        metrics["eval_generation_accuracy"] = ANSWER_RULES[self.answer_rule](predictions, self.answers)
+        if self.choices:
+            from .loglik import score_candidates
+
+            metrics["eval_generation_unparseable_rate"] = unparseable_rate(predictions, self.choices)
+            scores = score_candidates(model, self.tokenizer, self.prompts, self.choices,
+                                      [self.choices.index(a) for a in self.answers])
+            metrics["eval_loglik_accuracy"] = scores.accuracy
+            metrics["eval_loglik_answer_logprob"] = scores.answer_logprob

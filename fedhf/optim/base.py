@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import torch
 
 from ..core.theta import GENERAL, NONNEGATIVE, split_theta_key, theta_key  # noqa: F401  (theta_key re-exported)
+from .whole_state import StateOwner, export_whole_state, import_whole_state
 
 TensorDict = Dict[str, torch.Tensor]
 NamedParams = Iterable[Union[torch.Tensor, Tuple[str, torch.Tensor]]]
@@ -72,6 +73,21 @@ class OptimizerHooks:
     @classmethod
     def theta_kind(cls, state_key: str) -> str:
         return cls.theta_kinds.get(state_key, GENERAL)
+
+    def state_owners(self) -> List[StateOwner]:
+        """The torch optimizers holding this optimizer's per-parameter state, each with its parameter -> name
+        (what :meth:`export_state` reads). A wrapper that steps gathered copies has none to hand over."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot hand over its whole optimizer state (it steps copies of the parameters): "
+            "use a state sync that keeps Theta only (`state_sync='persist_local'` without `keep='state'`) or "
+            "`state_sync='reset'`.")
+
+    def export_state(self) -> TensorDict:
+        """The whole per-parameter state (moments, counters), keyed as Theta (fedhf/optim/whole_state.py)."""
+        return export_whole_state(self.state_owners())
+
+    def import_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        import_whole_state(self.state_owners(), state)
 
     def theta_structure(self, theta: Mapping[str, torch.Tensor]) -> Dict[str, str]:
         """The kind of every entry of ``theta`` (as exported by this optimizer)."""
@@ -157,6 +173,9 @@ class FederatedOptimizer(torch.optim.Optimizer, OptimizerHooks):
                 state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return state, dtype
 
+    def state_owners(self) -> List[StateOwner]:
+        return [(self, self.param_names)]
+
     # ---------------------------------------------------------------- Theta
     def named_params(self) -> List[Tuple[str, torch.Tensor]]:
         return [(self.param_names[p], p) for group in self.param_groups for p in group["params"]]
@@ -196,6 +215,9 @@ class TorchOptimizer(OptimizerHooks):
     @property
     def state(self):
         return self.optimizer.state
+
+    def state_owners(self) -> List[StateOwner]:
+        return [(self.optimizer, self.param_names)]
 
     @property
     def param_groups(self):

@@ -139,6 +139,15 @@ class MuonAdamW(FederatedOptimizer):
             self.muon.state[matrix]["momentum_buffer"] = (
                 value.detach().to(device=matrix.device, dtype=matrix.dtype).reshape(matrix.shape).clone())
 
+    def state_owners(self):
+        """Muon's state keyed by its matrices (a conv filter's matrix view), AdamW's by the other parameters."""
+        owners = []
+        if self.muon is not None:
+            owners.append((self.muon, {matrix: self.param_names[p] for matrix, p in self.muon_params.items()}))
+        if self.adamw is not None:
+            owners.append((self.adamw, self.param_names))
+        return owners
+
     @property
     def inner(self) -> List[torch.optim.Optimizer]:
         return [o for o in (self.muon, self.adamw) if o is not None]

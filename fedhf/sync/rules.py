@@ -3,11 +3,15 @@
 * ``reset``             -- a fresh optimizer every round (FedAvg family, FedPAC Alg. 1).
 * ``persist_local``     -- each client keeps its own Theta across its participations, never sent (FedPM's cached
   FOOF covariances, FAdam's v_hat, Fed-Sophia's h). Lives in the client state store, keyed by client id.
+  ``keep="state"`` keeps the optimizer's whole state instead (moments and step counters: DiLoCo's and MuLoCo's
+  workers, whose inner optimizer is never touched between rounds; fedhf/optim/whole_state.py).
 * ``average_warmstart`` -- clients upload Theta_i; the server averages them; the next round's clients start from
   Thetabar (FedPAC alignment, FedMuon's averaged momentum, FedLADA's averaged v, PreFed's averaged P).
 * ``compressed_average`` (:mod:`fedhf.sync.compressed`) -- the same with a low-rank upload.
+* ``desloc`` (:mod:`fedhf.sync.desloc`) -- each client keeps its whole state; each state key is averaged at its
+  own period (DES-LOC).
 
-Only Theta moves; the rest of the optimizer state (first moments, eigenbases, counters) starts fresh every round.
+Except under ``keep="state"`` and ``desloc``, only Theta moves; the rest of the optimizer state (first moments, eigenbases, counters) starts fresh every round.
 A rule sends only what its server half uses: the rules that average Theta upload w_i Theta_i and w_i (their bytes
 counted); the others send nothing. The drift metric Delta_D (docs/algorithms.md 2.15) is not this axis's: the
 trainer hands every client's Theta_i to a round hook (fedhf/trainer/hooks/round_metrics.py).
@@ -29,6 +33,8 @@ from ..core.message import Message
 from ..core.params import TensorDict
 
 STORE_KEY = "optimizer_theta"
+STATE_STORE_KEY = "optimizer_state"  # the whole state (keep="state", desloc)
+MOVES = ("theta", "state")
 
 
 def upload(ctx: ClientContext, theta: TensorDict, nbytes: Optional[int] = None) -> Message:
@@ -47,7 +53,13 @@ class StateSync(ABC):
 
     name = "reset"
     imports_theta = False  # needs an optimizer that can import Theta
-    averages_theta = False  # one client's Theta reaches the others (through the server's average)
+    averages_theta = False  # one client's Theta (or state) reaches the others (through the server's average)
+    moves = "theta"  # what client_end receives and client_begin imports: Theta, or the whole state ("state")
+
+    @property
+    def carries_state(self) -> bool:
+        """Some optimizer state outlives the round (Theta imported, or the whole state kept)."""
+        return self.imports_theta or self.moves == "state"
 
     def client_begin(self, ctx: ClientContext, optimizer) -> None:
         pass
@@ -72,16 +84,33 @@ class Reset(StateSync):
 
 
 class PersistLocal(StateSync):
+    """Each client keeps its own Theta (``keep="theta"``) or its optimizer's whole state (``keep="state"``) from one
+    participation to its next; nothing is sent."""
+
     name = "persist_local"
-    imports_theta = True
+
+    def __init__(self, keep: str = "theta") -> None:
+        if keep not in MOVES:
+            raise ValueError(f"`keep` must be one of {MOVES}, got {keep!r}.")
+        self.keep = keep
+
+    @property
+    def moves(self) -> str:
+        return self.keep
+
+    @property
+    def imports_theta(self) -> bool:
+        return self.keep == "theta"  # the whole state is imported by any optimizer (fedhf/optim/whole_state.py)
 
     def client_begin(self, ctx: ClientContext, optimizer) -> None:
-        theta = ctx.store.get(ctx.client_id, STORE_KEY)
-        if theta:
-            optimizer.import_theta(theta)
+        kept = ctx.store.get(ctx.client_id, STORE_KEY if self.keep == "theta" else STATE_STORE_KEY)
+        if kept and self.keep == "theta":
+            optimizer.import_theta(kept)
+        elif kept:
+            optimizer.import_state(kept)
 
     def client_end(self, ctx: ClientContext, theta: TensorDict, kinds: Optional[Mapping[str, str]] = None) -> Message:
-        ctx.store.put(ctx.client_id, STORE_KEY, theta)
+        ctx.store.put(ctx.client_id, STORE_KEY if self.keep == "theta" else STATE_STORE_KEY, theta)
         return Message()
 
     def client_state_bytes(self, theta_bytes: int) -> int:

@@ -67,6 +67,7 @@ from .runners.memory_plan import check_budget, plan_memory, plan_text
 from .hooks.outputs import HISTORY_FILE, restore_run
 from .late_metrics import LateMetricsLog
 from .published import PublishedModel
+from .runners.hp_search import check_search, run_trial
 from .runners.base import choose_runner
 from ..server.server_needs import base_fold, gathering
 from .config.settings import expose_rounds_to_callbacks, should_evaluate, should_log, should_save
@@ -103,6 +104,10 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
             raise TypeError(f"`round_hooks` takes instances of fedhf.RoundHook (subclass it and override the events "
                             f"you need: docs/round_hooks.md), got {wrong}.")
         self.user_round_hooks: List[RoundHook] = list(round_hooks or [])
+        # how this trainer was built, for the trials of hyperparameter_search (fedhf/trainer/runners/hp_search.py)
+        self.construction = (trainer_args, dict(trainer_kwargs, client_partitions=client_partitions,
+                                                partition_key=partition_key, round_hooks=round_hooks))
+        self.search_trial = None  # the optuna trial this trainer's run is, reported at evaluation rounds
         # by name or by position (Trainer's order: data_collator, train_dataset); Trainer's own error names max_steps
         train_dataset = trainer_kwargs.get("train_dataset", trainer_args[1] if len(trainer_args) > 1 else None)
         check_not_streaming(train_dataset, "train_dataset")
@@ -188,6 +193,14 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         return self.accelerator.autocast()
 
     # ------------------------------------------------------------------ the round loop
+    def hyperparameter_search(self, hp_space=None, compute_objective=None, n_trials: int = 20,
+                              direction="minimize", backend=None, hp_name=None, **kwargs):
+        """Trainer's search with each trial a federated run in ``<output_dir>/trial-<n>`` (optuna only; the
+        keyword arguments reach ``optuna.create_study``: fedhf/trainer/runners/hp_search.py)."""
+        check_search(self, backend)
+        return super().hyperparameter_search(hp_space, compute_objective, n_trials, direction, "optuna", hp_name,
+                                             **kwargs)
+
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-N`` folder (or an older run's
         ``checkpoint-round-N``), or True for the latest in ``output_dir``; the resumed run ends with the same model
@@ -195,6 +208,8 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
 
         ``is_in_train`` is True while it runs, as in Trainer: Trainer's evaluation loop then evaluates the resident
         model as it is, where outside training ``bf16_full_eval``/``fp16_full_eval`` cast it in place."""
+        if trial is not None and self.hp_search_backend is not None:
+            return run_trial(self, trial)  # a trial of hyperparameter_search: a federated run of its own
         self.is_in_train = True
         try:
             return self._train_rounds(resume_from_checkpoint, ignore_keys_for_eval)
@@ -226,8 +241,11 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
             entry = self._run_round(run, self.plan.params, self.plan.buffers)
             self._end_step(run, entry)
             if self.control.should_evaluate:  # the round schedule's, or a callback's; on_evaluate clears it
-                entry.update(self.evaluate(ignore_keys=ignore_keys_for_eval))
+                metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+                entry.update(metrics)
                 self.hooks.after_evaluate(self, run, entry)
+                if self.search_trial is not None:  # optuna: the objective at this round; its pruner may stop here
+                    self._report_to_hp_search(self.search_trial, run.rounds_done, metrics)
             if self.hooks.after_round(self, run, entry):
                 self.control.should_training_stop = True
         # 7. the end: the hooks (best round loaded, ...), then Trainer's callbacks

@@ -44,5 +44,8 @@ def test_bundled_run_records_loss_perplexity_and_generation_accuracy(tmp_path):
     for h in evaluated:
         assert h["eval_perplexity"] == math.exp(h["eval_loss"])
         assert 0.0 <= h["eval_generation_accuracy"] <= 1.0
+        assert 0.0 <= h["eval_generation_unparseable_rate"] <= 1.0  # the tweets' closed set of answers:
+        assert h["eval_loglik_accuracy"] in [k / 16 for k in range(17)] and h["eval_loglik_answer_logprob"] < 0
+    assert "eval_loglik_accuracy" in (out / "final" / "README.md").read_text()  # in the model card
     assert evaluated[-1]["eval_loss"] < evaluated[0]["eval_loss"]
     assert (out / "final" / "adapter_model.safetensors").exists()

@@ -68,7 +68,8 @@ FADAM = {"optimizer": "AMSGradNoBias", "lr": 1e-3, "betas": (0.9, 0.99), "eps": 
 
 NONE = ("Correction", {})
 MIX_AFTER = ("GlobalMix", {"beta": 0.5, "position": "after"})  # FedPAC beta 0.5 (5.3), FedMuon alpha 0.5 (2.8)
-RESET, PERSIST, AVERAGE = ("Reset", {}), ("PersistLocal", {}), ("AverageWarmstart", {})
+RESET, PERSIST, AVERAGE = ("Reset", {}), ("PersistLocal", {"keep": "theta"}), ("AverageWarmstart", {})
+KEEP_STATE = ("PersistLocal", {"keep": "state"})  # 2.16: each worker's inner optimizer is never touched
 MEAN = (("Mean", {}), [("Step", {"lr": 1.0})])  # eta_g = 1
 
 
@@ -81,15 +82,18 @@ EXPECTED = {
     "local_adamw": ({"optimizer": "AdamW", "lr": 3e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
                      "amsgrad": False}, NONE, RESET, MEAN),  # 1.2 / 2.1
     "local_muon": (muon(0.95), NONE, RESET, MEAN),
+    "desloc": ({"optimizer": "AdamW", "lr": 3e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
+                "amsgrad": False}, NONE,  # 2.17: the paper's recommended K_u = 3 K_x, K_v = 6 K_x
+               ("DesLoc", {"first_moment_period": 3, "second_moment_period": 6}), MEAN),
     "local_soap": (SOAP, NONE, RESET, MEAN),
     "local_sophia": (SOPHIA, NONE, RESET, MEAN),
     "fedavgm": (sgd(0.1, 1e-4), NONE, RESET,
                 (("Mean", {}), [("ServerMomentum", {"lr": 1.0, "beta": 0.9, "nesterov": False})])),  # 2.2 FedPM Table 4
     "diloco": ({"optimizer": "AdamW", "lr": 4e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1,
-                "amsgrad": False}, NONE, RESET,  # 2.16: outer Nesterov SGD, lr 0.7, momentum 0.9
+                "amsgrad": False}, NONE, KEEP_STATE,  # 2.16: outer Nesterov SGD, lr 0.7, momentum 0.9
                (("Mean", {}), [("ServerMomentum", {"lr": 0.7, "beta": 0.9, "nesterov": True})])),
     "muloco": ({**muon(0.95), "muon.lr": 0.044, "muon.weight_decay": 0.00125, "aux.lr": 4.4e-4,
-                "aux.weight_decay": 0.00125}, NONE, RESET,  # 2.16: as reported, partly unverified
+                "aux.weight_decay": 0.00125}, NONE, KEEP_STATE,  # 2.16: as reported, partly unverified
                (("Mean", {}), [("ServerMomentum", {"lr": 0.9, "beta": 0.8, "nesterov": True})])),
     "fedprox": (sgd(0.3, 1e-3), ("Proximal", {"mu": 1e-3}), RESET, MEAN),  # 2.3 FedPM Table 4: lr 0.3, mu 1e-3
     "scaffold": (sgd(0.1, 1e-3), ("ControlVariate", {}), RESET, MEAN),  # 2.4 FedPAC Table 8

@@ -16,8 +16,9 @@ from fedhf.optim import LocalOptimizer
 from fedhf.core.client_store import ClientStateStore
 from fedhf.sync import STATE_SYNCS
 
-CASES = {"reset": {}, "persist_local": {}, "average_warmstart": {}, "compressed_average": {"fraction": 0.05}}
-UPLOADS = {"average_warmstart", "compressed_average"}  # the others send Theta only as a drift diagnostic (0 bytes)
+CASES = {"reset": {}, "persist_local": {}, "average_warmstart": {}, "compressed_average": {"fraction": 0.05},
+         "desloc": {"first_moment_period": 1, "second_moment_period": 1}}
+UPLOADS = {"average_warmstart", "compressed_average", "desloc"}  # the others send Theta only as a drift diagnostic (0 bytes)
 OPTIMIZER = LocalOptimizer("amsgrad", {"lr": 0.01})
 X0 = torch.zeros(4, 6)
 
@@ -40,7 +41,7 @@ def _client(sync, cid, grad, store, sync_state, r=0):
     sync.client_begin(ctx, optimizer)
     ctx.params["w"].grad = grad
     optimizer.step()
-    theta = optimizer.export_theta()
+    theta = _kept(sync, optimizer)
     return sync.client_end(ctx, theta, optimizer.theta_structure(theta)), theta
 
 
@@ -53,6 +54,11 @@ def _server(sync, messages):
     return sync.server_update({}, ctx)
 
 
+def _kept(sync, optimizer):
+    """What the trainer hands the rule: Theta, or the whole state for rules that keep it (desloc)."""
+    return optimizer.export_theta() if sync.moves == "theta" else optimizer.export_state()
+
+
 def _rank_one(seed):
     g = torch.Generator().manual_seed(seed)
     return torch.outer(torch.rand(4, generator=g) + 0.5, torch.rand(6, generator=g) + 0.5)
@@ -63,7 +69,7 @@ def _imported(sync, cid, store, sync_state):
     ctx = _ctx(cid, store, sync_state, r=1)
     optimizer = OPTIMIZER.build(ctx.params, ctx.local_lr)
     sync.client_begin(ctx, optimizer)
-    return optimizer.export_theta()
+    return _kept(sync, optimizer)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -73,7 +79,7 @@ def test_identical_clients_hand_the_next_round_their_theta(name):
     theta = results[0][1]
     broadcast = _server(sync, [m for m, _ in results])
     imported = _imported(sync, 0, store, broadcast)
-    if sync.imports_theta:
+    if sync.carries_state:
         assert imported.keys() == theta.keys()
         for key in theta:
             torch.testing.assert_close(imported[key], theta[key], rtol=1e-5, atol=1e-9)
@@ -103,7 +109,8 @@ def test_only_rules_that_send_theta_count_its_bytes(name):
     assert not any(key.startswith("theta_sq.") for key in message.tensors)
     if name in UPLOADS:
         assert 0 < message.nbytes <= dense
-        assert "theta.max_exp_avg_sq:w" in message.tensors
+        # desloc averages the moments (AMSGrad's m and v), not the AMSGrad max
+        assert ("theta.exp_avg:w" if name == "desloc" else "theta.max_exp_avg_sq:w") in message.tensors
     else:
         assert message.nbytes == 0
         assert not message.tensors

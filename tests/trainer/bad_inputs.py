@@ -261,6 +261,8 @@ BAD_INPUTS = [
         _lora_tweets(server_rule="fedex_lora", parameter_sharing="rolora")),
     Bad("`parameter_sharing='rolora'` with `batched_clients` > 1", "batched_clients",
         _lora_tweets(parameter_sharing="rolora", batched_clients=2)),
+    Bad("`parameter_sharing='rolora'` with a state sync that keeps the whole optimizer state (`state_sync='desloc'`)",
+        "state_sync", _lora_tweets(parameter_sharing="rolora", state_sync="desloc")),
     Bad("`server_rule='fedsvd'` with `batched_clients` > 1", "batched_clients",
         _lora_tweets(server_rule="fedsvd", batched_clients=2)),
     Bad("`lora_client_ranks` without one rank per client", "lora_client_ranks",

@@ -23,6 +23,7 @@ from ...core.lora import LORA_A, LORA_B, lora_pairs, role_of
 from ...core.params import federated_buffers
 from ...privacy.secagg import SecAggCodec
 from ...runtime.lora_layers import lora_layers
+from ...optim.whole_matrices import is_elementwise
 from ...runtime.sharded import sharding_requested
 from ...sharing.alternating import ROLORA
 from ...sharing.plan import PERSONAL, SHARED
@@ -384,6 +385,20 @@ COMBINATIONS: List[Refusal] = [
     Refusal(lambda s: s.sharing.preset == ROLORA and s.needs_lora_pairs,
             lambda s: f"`parameter_sharing='rolora'` averages one factor per round; `server_rule={s.rule.name!r}` "
                       "aggregates the product of both. Use one or the other (e.g. server_rule='mean')"),
+    # a state sync that keeps the optimizer's whole state (persist_local keep="state", desloc) reads the optimizer's
+    # own per-parameter tensors (fedhf/optim/whole_state.py): RoLoRA's frozen-factor view and FSDP's optimizer over
+    # gathered whole matrices have none to hand over
+    Refusal(lambda s: s.algorithm.state_sync.moves == "state" and s.sharing.preset == ROLORA,
+            lambda s: f"`state_sync={s.algorithm.state_sync.name!r}` keeps the optimizer's whole state, but "
+                      "`parameter_sharing='rolora'` trains one LoRA factor per round through a view of the optimizer "
+                      "that hands over Theta only",
+            "use state_sync='reset' or 'persist_local' (keep='theta') with rolora, or another parameter_sharing"),
+    Refusal(lambda s: s.algorithm.state_sync.moves == "state" and _sharded(s)
+            and not is_elementwise(s.algorithm.local_optimizer.cls),
+            lambda s: f"`state_sync={s.algorithm.state_sync.name!r}` keeps the optimizer's whole state, but under "
+                      f"`fsdp` {s.algorithm.local_optimizer.cls.__name__} steps gathered copies of whole matrices "
+                      "whose state is not the shards'",
+            "use an elementwise optimizer (adamw, sgd) or state_sync='reset' under fsdp"),
     # refuses DoRA, conv LoRA and LoRA on embeddings; fan_in_fan_out only for rules that write into W
     Refusal(lambda s: s.needs_lora_pairs,
             check=lambda s: lora_layers(s.model, allow_fan_in_fan_out=not s.rule.aggregator.folds_into_base)),

@@ -200,7 +200,9 @@ class LocalSteps:
         own.put("buf", snapshot(buffers), scale=ctx.weight)  # averaged buffers (none: nothing)
         components = {"correction": algo.correction.client_end(ctx, correction_round)}
         theta = plan.shared_theta(optimizer.export_theta())
-        components["sync"] = algo.state_sync.client_end(ctx, theta, optimizer.theta_structure(theta))
+        # a rule that keeps the whole optimizer state (persist_local keep="state", desloc) gets it instead of Theta
+        kept = theta if algo.state_sync.moves == "theta" else plan.shared_theta(optimizer.export_state())
+        components["sync"] = algo.state_sync.client_end(ctx, kept, optimizer.theta_structure(kept))
         components["server"] = algo.server_rule.client_end(ctx, optimizer)
         own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
         own.put_scalar("loss", float(loss_sum) / trainer.args.local_steps * ctx.weight)
