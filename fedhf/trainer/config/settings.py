@@ -112,7 +112,8 @@ SETTINGS: Dict[str, Tuple[str, str]] = {
     "data_seed": (REFUSED, "client data order comes from `seed` per (round, client); leave it unset"),
     "use_cpu": (HONOURED, "accelerate's device choice"),
     "accelerator_config": (NO_EFFECT, "the resident model is never wrapped by accelerate (no gradient sync), and "
-                                      "evaluation is not split over processes (`even_batches` has nothing to pad)"),
+                                      "a map-style evaluation set is not split over processes (`even_batches` has nothing to pad; "
+                                      "`dispatch_batches` or an iterable set keep Trainer's split: docs/scaling.md)"),
     "parallelism_config": (REFUSED, "tensor/context parallelism of the resident model is not supported"),
     "dataloader_drop_last": (HONOURED, "a client skips its last partial batch when it has a full one"),
     "dataloader_num_workers": (HONOURED, "workers of each client's loader"),
