@@ -319,7 +319,8 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
             self.log(dict(entry))
         has_eval = self.eval_dataset is not None
         self.control.should_evaluate |= should_evaluate(args, run.rounds_done, has_eval)
-        self.control.should_evaluate |= has_eval and budget_reached(args, entry)  # the last round, as num_rounds'
+        last = budget_reached(args, entry) or self.privacy.next_round_over_budget()  # a budget stops the run here
+        self.control.should_evaluate |= has_eval and last  # the last round is evaluated, as num_rounds'
         self.control.should_save |= should_save(args, run.rounds_done)
         self.control = self.callback_handler.on_step_end(args, self.state, self.control)
         self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)

@@ -95,9 +95,15 @@ def _rounds_row(args, history: List[dict]) -> str:
     ran = history[-1]["round"] if history else 0
     if ran >= args.num_rounds:
         return str(ran)
-    seconds = history[-1].get("sim_time_s") if history else None
-    why = (f"; stopped by `clock_budget_s`={args.clock_budget_s:g}, reached at {seconds:.1f} simulated seconds"
-           if args.clock_budget_s is not None and seconds is not None and seconds >= args.clock_budget_s else "")
+    last = history[-1] if history else {}
+    seconds = last.get("sim_time_s")
+    if args.clock_budget_s is not None and seconds is not None and seconds >= args.clock_budget_s:
+        why = f"; stopped by `clock_budget_s`={args.clock_budget_s:g}, reached at {seconds:.6g} simulated seconds"
+    elif args.dp_stop_at_budget and args.dp_epsilon is not None and "dp_epsilon" in last:
+        why = (f"; stopped by `dp_stop_at_budget`: the next round would spend more than `dp_epsilon`="
+               f"{args.dp_epsilon:g}, {last['dp_epsilon']:.4g} spent")
+    else:
+        why = ""
     return f"{ran} (of {args.num_rounds} planned{why})"
 
 

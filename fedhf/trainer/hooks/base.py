@@ -115,6 +115,11 @@ class RoundHook:
     def restore_state(self, trainer, run, meta: dict, groups: Dict[str, TensorDict]) -> None:
         pass
 
+    @property
+    def state_name(self) -> str:
+        """The name its state is kept under in a round checkpoint and named by in errors: the hook's class."""
+        return type(self).__name__
+
 
 class HookList(RoundHook):
     """The hooks as one: each event calls every hook in order (``on_client_message`` passes each hook's result

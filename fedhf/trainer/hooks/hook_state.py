@@ -7,15 +7,16 @@ A hook gets back only its own meta and groups.
 
 A round checkpoint keeps one hook state, which every process restores: each process must hold the same state (a
 hook that counts what its own process saw totals it over the processes first, fedhf/trainer/hooks/process_totals.py).
-:func:`check_same_on_every_process` compares the processes' metas when a checkpoint is written and names the hook
-that differs, rather than resume every process with process 0's state.
+:func:`check_same_on_every_process` compares the processes' metas and tensor groups (by digest) when a checkpoint is
+written and names what differs, rather than resume every process with process 0's state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -29,7 +30,7 @@ def hook_keys(hooks: Sequence) -> List[str]:
     seen: Counter = Counter()
     keys = []
     for hook in hooks:
-        name = type(hook).__name__
+        name = hook.state_name
         seen[name] += 1
         keys.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
     return keys
@@ -71,13 +72,30 @@ def differing_hooks(metas: List[dict]) -> List[str]:
     return [key for key in keys if any(text[key] != as_text[0][key] for text in as_text[1:])]
 
 
-def check_same_on_every_process(meta: dict, world_size: int) -> None:
-    """Raise, naming the hooks, when the processes' hook metas differ (one all-gather of the small JSON metas)."""
+def group_digests(groups: Dict[str, TensorDict]) -> Dict[str, str]:
+    """A sha256 of each tensor group's bytes, to compare the processes' groups without sending them."""
+    digests = {}
+    for name, tensors in groups.items():
+        digest = hashlib.sha256()
+        for key in sorted(tensors):
+            digest.update(key.encode())
+            digest.update(tensors[key].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digests[name] = digest.hexdigest()
+    return digests
+
+
+def check_same_on_every_process(meta: dict, world_size: int, groups: Optional[Dict[str, TensorDict]] = None) -> None:
+    """Raise, naming the hooks (by their meta) or tensor groups, when the processes' hook states differ (one
+    all-gather of the small JSON metas and of the groups' digests; ``groups`` None: the metas only, as under FSDP,
+    where each process keeps its own rows)."""
     if world_size == 1:
         return
-    metas: List[dict] = [{} for _ in range(world_size)]
-    torch.distributed.all_gather_object(metas, meta)
-    differing = differing_hooks(metas)
+    mine = {"meta": meta, "digests": group_digests(groups or {})}
+    states: List[dict] = [{} for _ in range(world_size)]
+    torch.distributed.all_gather_object(states, mine)
+    differing = differing_hooks([state["meta"] for state in states])
+    differing += [f"tensor group {name!r}" for name, digest in mine["digests"].items()
+                  if any(state["digests"].get(name) != states[0]["digests"].get(name) for state in states)]
     if differing:
         raise ValueError(
             f"The checkpoint state of round hook(s) {differing} differs between the processes. A round checkpoint "

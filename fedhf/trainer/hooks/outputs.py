@@ -105,7 +105,7 @@ def save_round_checkpoint(trainer, run: RunState) -> None:
         return save_sharded_round_checkpoint(trainer, run, directory)
     clients = gather_client_store(trainer)
     hook_meta, hook_groups = trainer.hooks.checkpoint_state(trainer, run)  # e.g. the privacy accountant
-    check_same_on_every_process(hook_meta, trainer.world.size)  # one state, restored on every process
+    check_same_on_every_process(hook_meta, trainer.world.size, hook_groups)  # one state, restored on every process
     if not trainer.is_world_process_zero():
         return
     best_meta, best_groups = trainer.best_round.to_checkpoint(state)

@@ -150,7 +150,7 @@ class Privacy(RoundHook):
 
     # ---------------------------------------------------------------- the client side
     def on_train_begin(self, trainer, run) -> None:
-        if self._next_round_over_budget():  # the first round, or the next one of a resumed run
+        if self.next_round_over_budget():  # the first round, or the next one of a resumed run
             logger.warning("dp_stop_at_budget: the next round would spend epsilon %.4g > dp_epsilon=%s; no round is "
                            "run", self.accountant.epsilon(self.accountant.rounds + 1), self.args.dp_epsilon)
             trainer.control.should_training_stop = True
@@ -301,9 +301,11 @@ class Privacy(RoundHook):
                               self.accountant.epsilon_without_sampling(self.accountant.rounds)})
 
     def after_round(self, trainer, run, entry: dict) -> bool:
-        return self._next_round_over_budget()
+        return self.next_round_over_budget()
 
-    def _next_round_over_budget(self) -> bool:
+    def next_round_over_budget(self) -> bool:
+        """``dp_stop_at_budget``: whether the next round would spend more than ``dp_epsilon`` (the run stops after
+        this round, which is then evaluated as a last round is)."""
         if not (self.dp and self.args.dp_stop_at_budget and self.args.dp_epsilon is not None):
             return False
         return self.accountant.epsilon(self.accountant.rounds + 1) > self.args.dp_epsilon

@@ -27,6 +27,10 @@ class ReleasedOnly(RoundHook):
         self.hook = hook
         self.withheld: set = set()
 
+    @property
+    def state_name(self) -> str:  # the user's hook, not this wrapper, in checkpoints and errors
+        return self.hook.state_name
+
     def _filtered(self, entry: dict, scratch: dict) -> None:
         for key, value in scratch.items():
             if key in entry and entry[key] is value:

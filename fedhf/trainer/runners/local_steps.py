@@ -54,9 +54,13 @@ def each_before_forward(step: int, optimizers: Sequence[OptimizerHooks], micro: 
         optimizer.before_forward(step, batches[0])
 
 
-def sent_update(own: Message, delta: TensorDict, weight: float) -> TensorDict:
-    """The client's Delta_i as the round hooks left its message: its ``dx`` (sent as w_i Delta_i) over w_i, in the
-    dtypes of ``delta`` (exact without a hook: w_i is 1 or a row count, and w_i x float32 is exact in float64)."""
+def sent_update(own: Message, delta: TensorDict) -> TensorDict:
+    """The client's Delta_i as the round hooks left its message: its ``dx`` (sent as w_i Delta_i) over the w_i it
+    sent, in the dtypes of ``delta`` (exact without a hook: w_i is 1 or a row count, and w_i x float32 is exact in
+    float64); nothing when a hook sent w_i = 0 (the client dropped from the mean is dropped from the gathered ones)."""
+    weight = float(own.tensors["w"]) if "w" in own.tensors else 0.0
+    if weight == 0.0:
+        return {}
     return {name: (own.tensors[f"dx.{name}"] / weight).to(delta[name].dtype)
             for name in delta if f"dx.{name}" in own.tensors}
 
@@ -207,7 +211,7 @@ class LocalSteps:
         own.put_scalar("w", ctx.weight).put_scalar("n", 1.0)
         own.put_scalar("loss", float(loss_sum) / trainer.args.local_steps * ctx.weight)
         sent = trainer.hooks.on_client_message(trainer, ctx, ClientMessages(own, components, theta))
-        update = sent_update(sent.own, delta, ctx.weight)
+        update = sent_update(sent.own, delta)
         if update:  # robust aggregators: each Delta_i as the round hooks sent it (none when a hook holds it back)
             trainer.gathering.keep(sums, ctx.client_id, update)
         sums.add_message(sent.own)

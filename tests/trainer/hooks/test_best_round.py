@@ -160,7 +160,7 @@ def test_a_run_killed_and_resumed_at_any_round_ends_as_the_uninterrupted_one(tmp
     assert [h["participants"] for h in full.federated_history] == [2, 0, 0, 2]  # the setting the test relies on
     for k in (1, 2, 3):
         checkpoint = tmp_path / "full" / f"checkpoint-{k}"
-        assert load_checkpoint(str(checkpoint), "cpu")[1]["hooks"]["excluded_streak"] == [0, 1, 2][k - 1]
+        assert load_checkpoint(str(checkpoint), "cpu")[1]["hooks"]["per_hook"]["ExclusionStop"]["excluded_streak"] == [0, 1, 2][k - 1]
         shutil.copytree(checkpoint, tmp_path / f"cut{k}" / f"checkpoint-{k}")  # the run killed after round k
         resumed = _resumable(tmp_path / f"cut{k}", resume=True)
         assert _history(resumed) == _history(full), k

@@ -207,5 +207,35 @@ def test_a_run_the_budget_stops_evaluates_its_last_round_and_its_card_says_the_r
     trainer.save_model(str(tmp_path / "final"))
     card = (tmp_path / "final" / "README.md").read_text()
     assert (f"| rounds (R) | 2 (of 4 planned; stopped by `clock_budget_s`={1.5 * first_round:g}, reached at "
-            f"{history[1]['sim_time_s']:.1f} simulated seconds) |") in card
+            f"{history[1]['sim_time_s']:.6g} simulated seconds) |") in card
     assert f"final eval_accuracy (saved model, round 2) | {history[1]['eval_accuracy']:.4f}" in card
+
+
+def test_a_run_dp_stop_at_budget_stops_evaluates_its_last_round_and_its_card_says_why(tmp_path):
+    """dp_stop_at_budget ends the run as the clock's budget does: its last round evaluated, the card's reason."""
+    from fedhf import FederatedTrainer
+    from fedhf.data.sft import SFTCollator
+    from tests.helpers import IdsOnly, answer_rows, tiny_llama_lora
+
+    dp = dict(dp_mode="central", dp_clip_norm=1.0, dp_noise_multiplier=2.0, dp_delta=1e-3, num_clients=6,
+              clients_per_round=3, num_rounds=4, local_steps=1, per_device_train_batch_size=4, partition="iid",
+              eval_every_rounds=0, dp_reproducible_noise=True)
+
+    def run(name, **settings):
+        trainer = FederatedTrainer(model=tiny_llama_lora(100), args=config(tmp_path / name, **{**dp, **settings}),
+                                   train_dataset=answer_rows(36), eval_dataset=answer_rows(8, seed=1),
+                                   data_collator=SFTCollator(IdsOnly()))
+        trainer.train()
+        return trainer
+
+    spent = [h["dp_epsilon"] for h in run("probe", num_rounds=3).federated_history]
+    budget = (spent[1] + spent[2]) / 2  # room for 2 rounds, not 3
+    trainer = run("stop", dp_epsilon=budget, dp_stop_at_budget=True)
+    history = trainer.federated_history
+    assert [h["round"] for h in history] == [1, 2]
+    assert "eval_loss" not in history[0] and "eval_loss" in history[1]  # evaluated as a last round is
+    trainer.data_collator.tokenizer.save_pretrained = lambda directory: None  # a stand-in tokenizer
+    trainer.save_model(str(tmp_path / "final"))
+    card = (tmp_path / "final" / "README.md").read_text()
+    assert (f"| rounds (R) | 2 (of 4 planned; stopped by `dp_stop_at_budget`: the next round would spend more than "
+            f"`dp_epsilon`={budget:g}, {history[1]['dp_epsilon']:.4g} spent) |") in card

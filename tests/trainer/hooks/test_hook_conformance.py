@@ -121,6 +121,14 @@ class _Unchanged(RoundHook):
                               sent.components, sent.theta)
 
 
+class _Reweighted(RoundHook):
+    """Doubles a client's weight and its weighted change together: the same Delta_i, sent with another w_i."""
+
+    def on_client_message(self, trainer, ctx, sent):
+        tensors = {k: (v * 2 if k == "w" or k.startswith("dx.") else v) for k, v in sent.own.tensors.items()}
+        return ClientMessages(Message(tensors, sent.own.nbytes, dict(sent.own.dense)), sent.components, sent.theta)
+
+
 @pytest.mark.parametrize("rule", ["mean", "median", "trimmed_mean"])
 def test_every_server_rule_aggregates_what_on_client_message_returned(digits, tmp_path, rule):
     from tests.helpers import digit_trainer, tiny_resnet, trainable_state
@@ -139,6 +147,8 @@ def test_every_server_rule_aggregates_what_on_client_message_returned(digits, tm
     plain, passed_on = run("plain", []), run("passed_on", [_Unchanged()])
     assert any(not torch.equal(plain[n], untouched[n]) for n in untouched)
     assert all(torch.equal(plain[n], passed_on[n]) for n in plain)  # w_i Delta_i / w_i: Delta_i to the last bit
+    reweighted = run("reweighted", [_Reweighted()])  # Delta_i over the w_i the hook sent, not the trainer's
+    assert all(torch.allclose(plain[n], reweighted[n], atol=1e-6) for n in plain)
 
 
 def _declared():
