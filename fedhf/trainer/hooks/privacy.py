@@ -98,6 +98,17 @@ def check_in_range(codec, items: Dict[str, torch.Tensor], ctx) -> None:
                          "dp_mode='central' and dp_clip_norm (the range is then C).")
 
 
+def pad_to_layout(sent: ClientMessages, namespace: str, shapes: Dict[str, torch.Size], device: torch.device) -> None:
+    """Secure aggregation sums one vector whose layout every client of the round shares: each pair's masks cancel,
+    and the decoding subtracts one offset c per survivor, only on a key every survivor sent. A key of the layout a
+    client has no value for (parameter tracking's ``dy`` outside Y_r) travels as zeros, as SecAgg's fixed-length
+    vector would carry it; the plain sum is unchanged."""
+    message = sent.components.setdefault(namespace, Message())
+    for key, shape in shapes.items():
+        if key not in message.tensors:
+            message.tensors[key] = torch.zeros(shape, dtype=torch.float64, device=device)
+
+
 def _is_weight(key: str) -> bool:
     return key == "w" or key.endswith(".w")
 
@@ -165,6 +176,9 @@ class Privacy(RoundHook):
         # the drift metric reads each Theta_i outside the clipped, noised and masked sums: not computed
         sent.components.pop("drift", None)
         sent.own.tensors.pop("loss", None)  # a 0-d value of the client's data: neither released nor masked
+        if self.secure:  # before the clip and the noise share: the zeros are summed with noise like any key
+            pad_to_layout(sent, "correction", trainer.algorithm.correction.sent_shapes(ctx.global_params),
+                          next(iter(ctx.global_params.values())).device)
         items = {k: v for k, v in full_items(sent).items() if protected(k, v)}
         if self.dp:
             items, norm = clip_jointly(items, self.round_clip)
