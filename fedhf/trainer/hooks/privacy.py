@@ -3,8 +3,8 @@
 Per client (``on_client_message``, after every hook that changes messages, so the clip bounds exactly what is
 summed): every tensor the client sends, the trainer's ``dx``/``buf`` and every component's (correction, state sync,
 server half), is clipped jointly to L2 norm C (under secure aggregation after padding the correction's declared
-keys a client did not send with zeros: the secure sum needs one layout from every client); under distributed DP the client adds its noise share; under secure
-aggregation the result is quantised and masked, after a check that no element of the data lies outside the codec's
+keys a client did not send with zeros: the secure sum needs one layout from every client); under distributed DP
+the client adds its noise share; under secure aggregation the result is quantised and masked, after a check that no element of the data lies outside the codec's
 range (a clamp would change the sum silently: the run stops naming ``secagg_range``). The drift diagnostics are not
 sent under DP; the client's training loss is not sent under DP or secure aggregation (the history's ``train_loss``
 is then NaN).
