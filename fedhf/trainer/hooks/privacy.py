@@ -2,8 +2,9 @@
 
 Per client (``on_client_message``, after every hook that changes messages, so the clip bounds exactly what is
 summed): every tensor the client sends, the trainer's ``dx``/``buf`` and every component's (correction, state sync,
-server half), is clipped jointly to L2 norm C; under distributed DP the client adds its noise share; under secure
-aggregation the result is quantised and masked, after a check that no element of the data lies outside the codec's
+server half), is clipped jointly to L2 norm C (under secure aggregation after padding the correction's declared
+keys a client did not send with zeros: the secure sum needs one layout from every client); under distributed DP
+the client adds its noise share; under secure aggregation the result is quantised and masked, after a check that no element of the data lies outside the codec's
 range (a clamp would change the sum silently: the run stops naming ``secagg_range``). The drift diagnostics are not
 sent under DP; the client's training loss is not sent under DP or secure aggregation (the history's ``train_loss``
 is then NaN).
@@ -98,6 +99,17 @@ def check_in_range(codec, items: Dict[str, torch.Tensor], ctx) -> None:
                          "dp_mode='central' and dp_clip_norm (the range is then C).")
 
 
+def pad_to_layout(sent: ClientMessages, namespace: str, shapes: Dict[str, torch.Size], device: torch.device) -> None:
+    """Secure aggregation sums one vector whose layout every client of the round shares: each pair's masks cancel,
+    and the decoding subtracts one offset c per survivor, only on a key every survivor sent. A key of the layout a
+    client has no value for (parameter tracking's ``dy`` outside Y_r) travels as zeros, as SecAgg's fixed-length
+    vector would carry it; the plain sum is unchanged."""
+    message = sent.components.setdefault(namespace, Message())
+    for key, shape in shapes.items():
+        if key not in message.tensors:
+            message.tensors[key] = torch.zeros(shape, dtype=torch.float64, device=device)
+
+
 def _is_weight(key: str) -> bool:
     return key == "w" or key.endswith(".w")
 
@@ -165,6 +177,9 @@ class Privacy(RoundHook):
         # the drift metric reads each Theta_i outside the clipped, noised and masked sums: not computed
         sent.components.pop("drift", None)
         sent.own.tensors.pop("loss", None)  # a 0-d value of the client's data: neither released nor masked
+        if self.secure:  # before the clip and the noise share: the zeros are summed with noise like any key
+            pad_to_layout(sent, "correction", trainer.algorithm.correction.sent_shapes(ctx.global_params),
+                          next(iter(ctx.global_params.values())).device)
         items = {k: v for k, v in full_items(sent).items() if protected(k, v)}
         if self.dp:
             items, norm = clip_jointly(items, self.round_clip)
