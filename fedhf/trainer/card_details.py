@@ -35,6 +35,10 @@ class CardDetails:
     pipeline_tag: Optional[str] = None
 
 
+CARD_ARGUMENTS = ("language", "license", "tags", "model_name", "finetuned_from", "tasks", "dataset_tags", "dataset",
+                  "dataset_args")  # Trainer.create_model_card's, which push_to_hub passes on
+
+
 def card_details(language: Names = None, license: Optional[str] = None, tags: Names = None,
                  model_name: Optional[str] = None, finetuned_from: Optional[str] = None, tasks: Names = None,
                  dataset_tags: Names = None, dataset: Names = None, dataset_args: Names = None) -> CardDetails:

@@ -287,7 +287,7 @@ def offline_push_message(folder: str, repo_id: Optional[str]) -> str:
     """push_to_hub() called offline after training: what was saved, and how to upload it later."""
     return (f"push_to_hub(): the Hub is offline (HF_HUB_OFFLINE is set), so nothing was uploaded. The model and its "
             f"card are saved in {folder}; upload them when online with `hf upload {repo_id or 'YOU/NAME'} {folder} "
-            "--exclude '*.bin' --exclude 'checkpoint-*'` (docs/configuration.md, \"Publish later\"), or unset HF_HUB_OFFLINE "
+            "--exclude '*.bin' --exclude 'checkpoint-*' --exclude 'client_state/*'` (docs/configuration.md, \"Publish later\"), or unset HF_HUB_OFFLINE "
             "and call push_to_hub() again.")
 
 
@@ -307,7 +307,9 @@ def check_hub_access(args) -> None:
                          "push_to_hub=False.")
 
 
-UNPUBLISHED = ("*.bin", "*.pt", "*.pth", "*.pkl")  # pickles (training_args.bin and the like): never uploaded
+# never uploaded: pickles (training_args.bin and the like) and the clients' spilled state (their optimizer and
+# correction states: per-client data the published model does not need)
+UNPUBLISHED = ("*.bin", "*.pt", "*.pth", "*.pkl", "client_state/*")
 
 
 def upload_operations(folder: str, path_in_repo: str = "") -> list:

@@ -14,7 +14,7 @@ import transformers.trainer as hf_trainer
 from transformers.trainer import TRAINING_ARGS_NAME
 
 from ..state.checkpoint import PREFIX
-from .card_details import CardDetails, card_details
+from .card_details import CARD_ARGUMENTS, CardDetails, card_details
 from .hub import UNPUBLISHED, hub_is_offline, offline_push_message, saved_model, write_model_card
 
 
@@ -33,18 +33,6 @@ class PublishedModel:
         if self.is_world_process_zero():
             self._write_card(self.args.output_dir)
 
-    def push_to_hub(self, commit_message: Optional[str] = "End of training", blocking: bool = True, token=None,
-                    revision=None, **kwargs):
-        """Trainer's push_to_hub; offline, the model and its card are saved to output_dir first (what the push
-        would upload) and the error says how to upload them later, instead of huggingface_hub's transport error."""
-        if hub_is_offline():
-            self.save_model()
-            card_kwargs = {"model_name": os.path.basename(os.path.normpath(self.args.output_dir)),
-                           **{k: v for k, v in kwargs.items() if k != "private"}}
-            self.create_model_card(**card_kwargs)
-            raise OSError(offline_push_message(self.args.output_dir, self.args.hub_model_id))
-        return super().push_to_hub(commit_message, blocking, token, revision, **kwargs)
-
     def save_model(self, output_dir: Optional[str] = None, _internal_call: bool = False) -> None:
         """Trainer's save_model (and so push_to_hub), then the federated card beside the weights/adapter (replacing
         peft's card). What is written is :meth:`published_model`: the model ``evaluate()`` evaluates. Under FSDP
@@ -60,10 +48,21 @@ class PublishedModel:
     def push_to_hub(self, commit_message: Optional[str] = "End of training", blocking: bool = True,
                     token: Optional[str] = None, revision: Optional[str] = None, private: Optional[bool] = None,
                     **kwargs):
-        """Trainer's ``push_to_hub`` (save_model, the card, one upload of output_dir), except that no pickle is
-        uploaded: Trainer's upload skips only ``_*`` and checkpoint folders, so training_args.bin (the pickled
-        settings) would go to the Hub; the round pushes skip the same files (fedhf/trainer/hub.py,
-        ``UNPUBLISHED``)."""
+        """Trainer's ``push_to_hub`` (save_model, the card, one upload of output_dir), except that:
+
+        - nothing private is uploaded: Trainer's upload skips only ``_*`` and checkpoint folders, so training_args.bin
+          (the pickled settings) and ``client_state/`` (each client's spilled optimizer or correction state) would
+          go to the Hub; the round pushes skip the same (fedhf/trainer/hub.py, ``UNPUBLISHED``);
+        - Trainer's card arguments in ``kwargs`` (``model_name``, ``tags``, ``dataset``, ...) go into fedhf's card as
+          ``create_model_card``'s do; with none, the card keeps what an earlier ``create_model_card`` was told;
+        - offline, the model and its card are saved to output_dir first and the error says how to upload them
+          later, instead of huggingface_hub's transport error."""
+        card_arguments = {k: v for k, v in kwargs.items() if k in CARD_ARGUMENTS}
+        if hub_is_offline():
+            self.save_model()
+            if card_arguments:
+                self.create_model_card(**card_arguments)
+            raise OSError(offline_push_message(self.args.output_dir, self.args.hub_model_id))
         self.callback_handler.on_push_begin(self.args, self.state, self.control)
         token = token if token is not None else self.args.hub_token
         if self.hub_model_id is None:
@@ -71,7 +70,8 @@ class PublishedModel:
         self.save_model(_internal_call=True)
         if not self.is_world_process_zero():
             return None
-        self.create_model_card()  # fedhf's card: Trainer's model_name, tags and the like do not enter it
+        if card_arguments:
+            self.create_model_card(**card_arguments)
         self._finish_current_push()
         return hf_trainer.hf_api().upload_folder(
             repo_id=self.hub_model_id, folder_path=self.args.output_dir, commit_message=commit_message, token=token,

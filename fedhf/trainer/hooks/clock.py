@@ -26,7 +26,7 @@ does nothing and a round is today's, bit for bit.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,11 +43,13 @@ from .base import ClientMessages, RoundHook
 KEPT_SUMS = ("excluded", "downlink_bytes")  # fedbuff: what this round's training adds and its reports do not
 
 
-def profiles_of(args) -> list:
+def profiles_of(args, seed: Optional[int] = None) -> list:
+    """Each client's device: drawn from ``seed`` (default ``args.seed``; the secret's under DP) for the log-normal
+    and uniform profiles, or the user's trace, row by client id."""
     if args.clock_profile in PROFILES:
         sigma = args.clock_spread if args.clock_profile == "lognormal" else 0.0
-        return lognormal_profiles(args.num_clients, args.seed, args.clock_tokens_per_s, args.clock_uplink_mbps,
-                                  args.clock_downlink_mbps, sigma, args.clock_availability)
+        return lognormal_profiles(args.num_clients, args.seed if seed is None else seed, args.clock_tokens_per_s,
+                                  args.clock_uplink_mbps, args.clock_downlink_mbps, sigma, args.clock_availability)
     return csv_profiles(args.clock_profile, args.num_clients)
 
 
@@ -84,6 +86,10 @@ class VirtualClock(RoundHook):
         self.timing, self.offline, self.dropped, self.staleness = None, 0, 0, []
         self.in_flight: List[InFlight] = []  # fedbuff: the clients training, in dispatch order
         self.reports: Dict[int, Tuple[TensorDict, int]] = {}  # fedbuff: their messages and bytes, until they report
+        # the seed of the drawn devices and of who is online: under DP the secret's (trainer.privacy.cohort_seed),
+        # since a reader who knew each client's device could tell from sim_round_s who was in the secret cohort
+        # (a user's trace is public: docs/privacy.md); read at on_train_begin, after a resumed run's secret is back
+        self.seed = args.seed
         if self.on:
             self.profiles = profiles_of(args)
             self.tokens = tokens_per_round(trainer)
@@ -91,6 +97,11 @@ class VirtualClock(RoundHook):
             dense = float(trainer.shards.total(torch.tensor(float(sum(t.numel() * t.element_size()
                                                                        for t in trainer.plan.params.values())))))
             self.uplink_bytes = self.downlink_bytes = dense
+
+    def on_train_begin(self, trainer, run) -> None:
+        if self.on and dp_on(self.args):
+            self.seed = trainer.privacy.cohort_seed()
+            self.profiles = profiles_of(self.args, self.seed)
 
     def _finish_time(self, cid: int) -> float:
         return client_seconds(self.profiles[cid], self.tokens[cid], self.uplink_bytes, self.downlink_bytes)
@@ -103,7 +114,7 @@ class VirtualClock(RoundHook):
             run.started = self._dispatch(run.rounds_done)
             return list(run.started)
         args, r = self.args, run.rounds_done
-        online = available_clients(args.seed, r, clients, self.profiles)
+        online = available_clients(self.seed, r, clients, self.profiles)
         self.offline = len(clients) - len(online)
         offline = set(clients) - set(online)  # never began; the late ones drop after they began (the recovery's)
         run.started = [c for c in run.started if c not in offline]
@@ -118,8 +129,8 @@ class VirtualClock(RoundHook):
     def _dispatch(self, r: int) -> List[int]:
         """FedBuff: refill the training clients to the concurrency, from a seeded order of the online clients."""
         args = self.args
-        order = sample_clients(args.seed, r, args.num_clients, args.num_clients)
-        online = available_clients(args.seed, r, order, self.profiles)
+        order = sample_clients(self.seed, r, args.num_clients, args.num_clients)
+        online = available_clients(self.seed, r, order, self.profiles)
         self.offline = len(order) - len(online)
         new = refill(online, [f.client for f in self.in_flight], concurrency(args) - len(self.in_flight))
         self.in_flight += [InFlight(c, r, self.seconds + self._finish_time(c)) for c in new]

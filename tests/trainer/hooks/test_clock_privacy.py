@@ -182,3 +182,28 @@ def test_fedbuff_is_refused_with_dp_and_with_secure_aggregation(tmp_path, settin
     with pytest.raises(ValueError, match=message):
         FederatedConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_clients=4,
                         clock_profile="uniform", round_policy="fedbuff", **settings)
+
+
+def test_under_dp_no_round_time_follows_from_the_printed_seed(tmp_path):
+    """Under DP the devices and who is online follow the secret, not the printed seed: a card reader who knew each
+    client's device could tell from sim_round_s (wait_all: the slowest sampled client's time) who was in the
+    secret cohort. Every round's time must be one of the secret devices', none of the seed's."""
+    from fedhf.simulation import client_seconds
+    from fedhf.trainer.hooks.clock import VirtualClock, profiles_of
+    from tests.tiny_bert import tiny_run
+
+    trainer = tiny_run(tmp_path, num_clients=8, clients_per_round=2, num_rounds=4, dp_mode="central",
+                       dp_clip_norm=0.05, dp_noise_multiplier=1.0, clock_profile="lognormal", round_policy="wait_all")
+    clock = next(h for h in trainer.hooks.hooks if isinstance(h, VirtualClock))
+    public = profiles_of(trainer.args)  # what the card's seed gives
+    assert clock.seed == trainer.privacy.cohort_seed() != trainer.args.seed
+    assert [p for p in clock.profiles] != [p for p in public]
+    for r, entry in enumerate(trainer.federated_history):
+        up, down = clock.uplink_bytes, clock.downlink_bytes
+        if r == 0:  # the first round is timed with the dense model; later ones with the measured messages
+            up = down = float(sum(t.numel() * t.element_size() for t in trainer.plan.params.values()))
+        secret = [client_seconds(p, clock.tokens[c], up, down) for c, p in enumerate(clock.profiles)]
+        seeds = [client_seconds(p, clock.tokens[c], up, down) for c, p in enumerate(public)]
+        if r == 0:
+            assert min(abs(t - entry["sim_round_s"]) for t in secret) < 1e-9
+            assert min(abs(t - entry["sim_round_s"]) for t in seeds) > 1e-6

@@ -220,7 +220,7 @@ def test_distributed_shares_do_not_follow_anything_the_server_keeps(tmp_path):
 
 # docs/privacy.md, "What is released": every key of a DP run's round log (the simulated clock's included)
 RELEASED = {"round", "learning_rate", "train_loss", "participants", "uplink_MB", "downlink_MB", "communicated_MB",
-            "dp_epsilon", "dp_noise_multiplier", "dp_clip_norm"}
+            "dp_epsilon", "dp_noise_multiplier", "dp_clip_norm", "processes"}
 CLOCK_COLUMNS = {"sim_round_s", "sim_time_s", "sim_dropped", "sim_offline", "sim_wasted_client_s"}
 
 
