@@ -162,6 +162,10 @@ class Privacy(RoundHook):
 
     # ---------------------------------------------------------------- the client side
     def on_train_begin(self, trainer, run) -> None:
+        if self.args.dp_mode == "distributed":  # every client's share secret now, none drawn after a checkpoint
+            for client in range(self.args.num_clients):
+                if trainer.world.owns(client):
+                    self._client_secret(trainer.client_store, client)
         if self.next_round_over_budget():  # the first round, or the next one of a resumed run
             logger.warning("dp_stop_at_budget: the next round would spend epsilon %.4g > dp_epsilon=%s; no round is "
                            "run", self.accountant.epsilon(self.accountant.rounds + 1), self.args.dp_epsilon)
@@ -205,20 +209,22 @@ class Privacy(RoundHook):
         """Distributed DP: N(0, (z C)^2 / S_min) per element, from the client's own secret; S_min or more shares sum
         to at least z C."""
         std = share_noise_multiplier(self.args, self.z_sums) * self.round_clip
-        generator = torch.Generator().manual_seed(stream_seed(self._client_secret(ctx), SHARE_STREAM, ctx.round))
+        generator = torch.Generator().manual_seed(stream_seed(self._client_secret(ctx.store, ctx.client_id), SHARE_STREAM, ctx.round))
         return {k: items[k] + std * torch.randn(items[k].shape, generator=generator, dtype=torch.float64)
                 .to(items[k].device) for k in sorted(items)}
 
-    def _client_secret(self, ctx) -> int:
-        """A client's own secret for its noise shares: drawn from the operating system's entropy at its first round
-        and kept in the client store, which models the clients' devices, so the server's state (its checkpoint's
+    def _client_secret(self, store, client_id: int) -> int:
+        """A client's own secret for its noise shares: drawn from the operating system's entropy when the run
+        begins (:meth:`on_train_begin`, every client of this process at once, as devices would at enrolment) and
+        kept in the client store, which models the clients' devices, so the server's state (its checkpoint's
         privacy.safetensors) never holds what would undo the clients' noise. The store is checkpointed with the run,
-        so a resumed run is still bit-identical. With ``dp_reproducible_noise``: from the seed."""
-        stored = ctx.store.get(ctx.client_id, CLIENT_SECRET)
+        so a resumed run is bit-identical: no client draws after a checkpoint. With ``dp_reproducible_noise``: from
+        the seed."""
+        stored = store.get(client_id, CLIENT_SECRET)
         if stored is None:
-            reproducible = stream_seed(self.args.seed, SHARE_STREAM, ctx.client_id)
+            reproducible = stream_seed(self.args.seed, SHARE_STREAM, client_id)
             stored = {"secret": torch.tensor([draw_secret(self.args.dp_reproducible_noise, reproducible)])}
-            ctx.store.put(ctx.client_id, CLIENT_SECRET, stored)
+            store.put(client_id, CLIENT_SECRET, stored)
         return int(stored["secret"][0])
 
     def _count_masked_bytes(self, sent: ClientMessages, items: Dict[str, torch.Tensor]) -> None:
