@@ -335,6 +335,12 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
                                 args.client_sampling)
         run.started = list(clients)  # a hook that finds a client offline before it starts takes it out (the clock)
         run.cohort = clients = self.hooks.select_clients(self, run, clients)  # e.g. the clock's offline and late
+        added = sorted(set(clients) - set(run.started))
+        if added and self.privacy.secure:  # their pair masks would cancel against no partner's
+            raise ValueError(f"round {r + 1}: a round hook's select_clients added clients {added} that were not "
+                             f"sampled; under secure aggregation the masks are agreed between the sampled clients "
+                             "(run.started) before training, so a hook may only drop clients: select from the "
+                             "clients it is given.")
         self.plan.begin_round(r)
         self.hooks.before_round(self, run)
         # 2. this process's clients, by the runner chosen at __init__: their messages into the round's sums

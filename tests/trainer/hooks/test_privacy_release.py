@@ -247,3 +247,16 @@ def test_a_distributed_dp_run_resumed_after_a_checkpoint_is_bit_identical_when_c
     resumed = tiny_run(tmp_path, "resumed", resume=str(tmp_path / "full" / "checkpoint-1"), **common)
     after, again = (({n: p.detach() for n, p in t.model.named_parameters() if p.requires_grad}) for t in (full, resumed))
     assert all(torch.equal(after[n], again[n]) for n in after)
+
+
+def test_under_secure_aggregation_a_hook_may_not_add_clients_to_the_sample(tmp_path):
+    """The masks are agreed between the sampled clients before training: an added client's would cancel against
+    no partner's (the decoded sum 2.7e3 off), so adding one is refused, naming the clients."""
+    class AlwaysClientSeven(RoundHook):
+        def select_clients(self, trainer, run, clients):
+            return list(clients) + ([7] if 7 not in clients else [])
+
+    tiny_run(tmp_path, "plain", num_clients=8, clients_per_round=2, num_rounds=1, round_hooks=[AlwaysClientSeven()])
+    with pytest.raises(ValueError, match=r"added clients \[7\] that were not sampled"):
+        tiny_run(tmp_path, "secure", num_clients=8, clients_per_round=2, num_rounds=1, secure_aggregation=True,
+                 secagg_range=1.0, round_hooks=[AlwaysClientSeven()])
