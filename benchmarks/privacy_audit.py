@@ -56,6 +56,7 @@ import torch  # noqa: E402
 
 import fedhf.trainer.hooks.privacy as privacy_hook  # noqa: E402
 from fedhf import FederatedConfig  # noqa: E402
+from fedhf.core.client_store import ClientStateStore  # noqa: E402
 from fedhf.core.message import Message  # noqa: E402
 from fedhf.core.sums import RoundSums  # noqa: E402
 from fedhf.privacy.audit import threshold_lower_bound  # noqa: E402
@@ -98,8 +99,10 @@ class Mechanism:
     secret (drawn once, as a run draws it)."""
 
     def __init__(self, args: FederatedConfig) -> None:
-        self.trainer = types.SimpleNamespace(args=args)  # the hook reads only the trainer's args
+        # the hook reads the trainer's args and its algorithm's correction (the secure sum's layout)
+        self.trainer = types.SimpleNamespace(args=args, algorithm=args.built_algorithm())
         self.built = privacy_hook.Privacy(self.trainer)
+        self.store = ClientStateStore()  # the clients' devices: each one's share secret under distributed DP
 
     def reported_epsilon(self) -> float:
         """What the hook writes to the history's ``dp_epsilon`` after one round (a fresh hook: the same
@@ -120,8 +123,9 @@ class Mechanism:
             own = Message().put("dx", {"update": update}).put_scalar("w", 1.0).put_scalar("n", 1.0)
             own.put_scalar("loss", 0.0)
             sent = ClientMessages(own, {"correction": Message(), "sync": Message(), "server": Message()})
-            sent = hook.on_client_message(self.trainer, types.SimpleNamespace(round=round_index, client_id=client),
-                                          sent)
+            ctx = types.SimpleNamespace(round=round_index, client_id=client, store=self.store,
+                                        global_params={"update": torch.zeros_like(update)})
+            sent = hook.on_client_message(self.trainer, ctx, sent)
             sums.add_message(sent.own)
             for namespace, message in sent.components.items():
                 sums.add_message(message, namespace)
