@@ -5,11 +5,12 @@ update-norm metric (examples/round_hook_update_norms.py), whose logged values mu
 from __future__ import annotations
 
 import statistics
-from typing import List
+from typing import Dict
 
 import torch
 
 from ..trainer.hooks.base import ClientMessages, RoundHook
+from ..trainer.hooks.process_totals import gather_over_processes, sum_over_shards
 
 
 class Identity(RoundHook):
@@ -28,22 +29,24 @@ class ZeroChange(RoundHook):
 
 
 class UpdateNorms(RoundHook):
-    """The example's metric: the median and largest client update norm of a round."""
+    """The example's metric: the median and largest client update norm of a round, over every process's clients
+    and every shard's rows (fedhf.sum_over_shards, fedhf.gather_over_processes), as the example computes it."""
 
     def __init__(self) -> None:
-        self.norms: List[float] = []
+        self.norms: Dict[int, float] = {}
 
     def before_round(self, trainer, run) -> None:
-        self.norms = []
+        self.norms = {}
 
     def on_client_message(self, trainer, ctx, sent: ClientMessages) -> ClientMessages:
         change = [t.double().pow(2).sum() for k, t in sent.own.tensors.items() if k.startswith("dx.")]
-        self.norms.append(float(torch.stack(change).sum().sqrt()))
+        self.norms[ctx.client_id] = float(sum_over_shards(trainer, torch.stack(change).sum()).sqrt())
         return sent
 
     def after_aggregate(self, trainer, run, sums, entry: dict) -> None:
-        if self.norms:
-            entry.update({"update_norm_median": statistics.median(self.norms), "update_norm_max": max(self.norms)})
+        norms = list(gather_over_processes(trainer, self.norms).values())  # every process calls it
+        if norms:
+            entry.update({"update_norm_median": statistics.median(norms), "update_norm_max": max(norms)})
 
 
 HOOKS = {"identity": Identity, "zero_change": ZeroChange, "update_norms": UpdateNorms}

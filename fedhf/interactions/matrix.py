@@ -51,8 +51,8 @@ class Pair:
             if len(twins) == 2:  # both neutral: the looser of the two tolerances
                 t = (max(twins[0][1][0], twins[1][1][0]), max(twins[0][1][1], twins[1][1][1]), t[2])
             return EQUAL, f, t
-        for f in (a, b):
-            if f.statistical:
+        for f, other in ((a, b), (b, a)):
+            if f.statistical and not (f.statistical == "fedbuff_times" and changes_message_size(other)):
                 return STATISTICAL, f, None
         return TRAINS, None, None
 
@@ -63,6 +63,14 @@ class Pair:
             return None
         other = self.b if f is self.a else self.a
         return configuration(other)
+
+
+def changes_message_size(f: Feature) -> bool:
+    """A feature that makes a client's messages smaller than the dense model from round 2 on (compressed, low-rank,
+    half the adapter): FedBuff's later dispatches then take another time than round 1's, so its updates are no
+    longer whole multiples of one round (the fedbuff_times property holds for dense messages only)."""
+    return (f.name.split(":")[0] in ("uplink_compression", "downlink_compression", "error_feedback")
+            or f.name in ("state_sync:compressed_average", "parameter_sharing:rolora"))
 
 
 def configuration(*fs: Feature) -> dict:
@@ -105,13 +113,16 @@ def lookup(spec: dict) -> Optional[BaseException]:
 
 def _launch_table(trainer, settings: dict) -> None:
     from types import SimpleNamespace
+    from unittest import mock
 
     from ..trainer.config import combinations as table
+    from ..trainer.config import federated_config
     from ..trainer.config.federated_config import FederatedConfig
 
     args = trainer.args
-    launch_args = FederatedConfig(**{**{f.name: getattr(args, f.name) for f in _init_fields(args)},
-                                     **{k: settings[k] for k in LAUNCH_FIELDS if k in settings}})
+    with mock.patch.object(federated_config, "check_fsdp_launch", lambda args: None):  # as a launched process
+        launch_args = FederatedConfig(**{**{f.name: getattr(args, f.name) for f in _init_fields(args)},
+                                         **{k: settings[k] for k in LAUNCH_FIELDS if k in settings}})
 
     class LaunchSetup(table.Setup):
         @property

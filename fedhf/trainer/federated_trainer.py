@@ -67,7 +67,7 @@ from .runners.memory_plan import check_budget, plan_memory, plan_text
 from .hooks.outputs import HISTORY_FILE, restore_run
 from .late_metrics import LateMetricsLog
 from .published import PublishedModel
-from .runners.hp_search import check_search, run_trial
+from .runners.hp_search import check_search, default_hp_space, run_trial
 from .runners.base import choose_runner
 from ..server.server_needs import base_fold, gathering
 from .config.settings import expose_rounds_to_callbacks, should_evaluate, should_log, should_save
@@ -198,8 +198,8 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         """Trainer's search with each trial a federated run in ``<output_dir>/trial-<n>`` (optuna only; the
         keyword arguments reach ``optuna.create_study``: fedhf/trainer/runners/hp_search.py)."""
         check_search(self, backend)
-        return super().hyperparameter_search(hp_space, compute_objective, n_trials, direction, "optuna", hp_name,
-                                             **kwargs)
+        return super().hyperparameter_search(hp_space or default_hp_space, compute_objective, n_trials, direction,
+                                             "optuna", hp_name, **kwargs)
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the rounds. ``resume_from_checkpoint``: a ``checkpoint-N`` folder (or an older run's

@@ -263,6 +263,8 @@ BAD_INPUTS = [
         _lora_tweets(parameter_sharing="rolora", batched_clients=2)),
     Bad("`parameter_sharing='rolora'` with a state sync that keeps the whole optimizer state (`state_sync='desloc'`)",
         "state_sync", _lora_tweets(parameter_sharing="rolora", state_sync="desloc")),
+    Bad("`state_sync='desloc'` with a local optimizer that keeps no Adam moments (`local_optimizer='soap'`)",
+        "state_sync", _lora_tweets(local_optimizer="soap", state_sync="desloc")),
     Bad("`server_rule='fedsvd'` with `batched_clients` > 1", "batched_clients",
         _lora_tweets(server_rule="fedsvd", batched_clients=2)),
     Bad("`lora_client_ranks` without one rank per client", "lora_client_ranks",

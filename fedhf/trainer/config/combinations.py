@@ -32,6 +32,8 @@ from .clock_settings import clock_on
 from .privacy_settings import dp_on
 
 
+DESLOC_OPTIMIZERS = ("AdamW", "MuonAdamW", "Adam")  # the local optimizers whose moments DES-LOC averages
+DESLOC_LOCAL_OPTIMIZERS = ("adamw", "muon")
 SETTINGS = "settings"  # the row reads the config's fields only (``s.args``)
 TRAINER = "trainer"  # the row reads the built trainer: its algorithm, model, processes or loss
 
@@ -393,6 +395,14 @@ COMBINATIONS: List[Refusal] = [
                       "`parameter_sharing='rolora'` trains one LoRA factor per round through a view of the optimizer "
                       "that hands over Theta only",
             "use state_sync='reset' or 'persist_local' (keep='theta') with rolora, or another parameter_sharing"),
+    # DES-LOC averages Adam's moments by their state names (exp_avg / momentum_buffer, exp_avg_sq): other optimizers'
+    # states are other quantities (SOAP's moments live in each client's own eigenbasis, Sophia's curvature and
+    # covariance_adam's P are never averaged), so the periods would not mean what DES-LOC says
+    Refusal(lambda s: s.algorithm.state_sync.name == "desloc"
+            and s.algorithm.local_optimizer.cls.__name__ not in DESLOC_OPTIMIZERS,
+            lambda s: f"`state_sync='desloc'` averages Adam's first and second moments at their own periods, but "
+                      f"{s.algorithm.local_optimizer.cls.__name__} keeps other state",
+            f"use local_optimizer in {list(DESLOC_LOCAL_OPTIMIZERS)}, or state_sync='average_warmstart'"),
     Refusal(lambda s: s.algorithm.state_sync.moves == "state" and _sharded(s)
             and not is_elementwise(s.algorithm.local_optimizer.cls),
             lambda s: f"`state_sync={s.algorithm.state_sync.name!r}` keeps the optimizer's whole state, but under "

@@ -55,6 +55,14 @@ def check_search(trainer, backend) -> None:
                            "a fresh model, optionally taking the trial): every trial trains a new one.")
 
 
+def default_hp_space(trial) -> Dict[str, Any]:
+    """The search space when ``hp_space`` is None. Trainer's default also draws ``num_train_epochs``, which a
+    federated run refuses (its length is ``num_rounds``), and an lr range (1e-6 to 1e-4) below every algorithm's
+    default: here the local learning rate over the algorithms' range and the seed."""
+    return {"learning_rate": trial.suggest_float("learning_rate", 1e-5, 1e-1, log=True),
+            "seed": trial.suggest_int("seed", 1, 40)}
+
+
 def trial_config(args, values: Dict[str, Any], number: int, run_name=None):
     """The searching config with the trial's values and its own output folder (validated as a new config)."""
     fields = {f.name for f in dataclasses.fields(args) if f.init}

@@ -84,3 +84,15 @@ def test_ray_and_unknown_fields_are_refused(digits, tmp_path):
         trainer.hyperparameter_search(hp_space=lambda trial: {}, backend="ray")
     with pytest.raises(ValueError, match="not FederatedConfig fields"):
         trainer.hyperparameter_search(hp_space=lambda trial: {"learning_rat": 0.1}, n_trials=1)
+
+
+def test_the_default_space_sets_only_fields_a_federated_config_takes(tmp_path):
+    """hp_space=None: Trainer's default would draw num_train_epochs, which a federated run refuses."""
+    import optuna
+
+    from fedhf.trainer.runners.hp_search import default_hp_space, trial_config
+    from tests.helpers import config
+
+    values = default_hp_space(optuna.trial.FixedTrial({"learning_rate": 3e-3, "seed": 7}))
+    args = trial_config(config(tmp_path), values, 0)
+    assert (args.learning_rate, args.seed) == (3e-3, 7) and args.output_dir.endswith("trial-0")
