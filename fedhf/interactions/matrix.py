@@ -66,11 +66,15 @@ class Pair:
 
 
 def changes_message_size(f: Feature) -> bool:
-    """A feature that makes a client's messages smaller than the dense model from round 2 on (compressed, low-rank,
-    half the adapter): FedBuff's later dispatches then take another time than round 1's, so its updates are no
-    longer whole multiples of one round (the fedbuff_times property holds for dense messages only)."""
-    return (f.name.split(":")[0] in ("uplink_compression", "downlink_compression", "error_feedback")
-            or f.name in ("state_sync:compressed_average", "parameter_sharing:rolora"))
+    """A feature whose clients' messages are not the dense model change from round 2 on (compressed, half the
+    adapter, or with a correction's or an optimizer state's tensors added): FedBuff times round 1 with the dense
+    size and later dispatches with the measured one, so its updates are no longer whole multiples of one round
+    (the fedbuff_times property holds for dense messages only)."""
+    axis = f.name.split(":")[0]
+    if f.name in ("correction:proximal", "state_sync:persist_local"):  # nothing added to the message
+        return False
+    return (axis in ("uplink_compression", "downlink_compression", "error_feedback", "correction", "state_sync")
+            or f.name == "parameter_sharing:rolora")
 
 
 def configuration(*fs: Feature) -> dict:
