@@ -79,6 +79,7 @@ SOAP_SPLIT = None  # docs/scaling.md: SOAP's eigenbasis of a rank-deficient fact
 _PROCESS_PARTNERS = {m: CURVATURE_PROCESSES for m in MUON}
 _PROCESS_PARTNERS.update({"dropout:on": None, "local_optimizer:soap": SOAP_SPLIT})
 _PROCESS_PARTNERS.update({f"local_optimizer:{n}": ADAPTIVE_PROCESSES for n in ("adamw", "amsgrad", "sophia")})
+_PROCESS_PARTNERS["state_sync:desloc"] = ADAPTIVE_PROCESSES  # its local optimizer is AdamW
 # the codec's rounding bound holds for a linear step: adaptive and orthogonalised steps, and rules that re-factorise
 # LoRA by an SVD, amplify it, so no twin is claimed with those
 _NO_TWIN_WITH_MUON = {m: None for m in MUON + (
@@ -89,7 +90,7 @@ _NO_TWIN_WITH_MUON = {m: None for m in MUON + (
 # unless given)
 DECLARED: Dict[str, Dict[str, object]] = {
     "algorithm": {name: REFERENCE if name == "fedavg" else {"alone": True} for name in (
-        "diloco", "fadam_et", "fadam_gt", "fed_sophia", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm",
+        "desloc", "diloco", "fadam_et", "fadam_gt", "fed_sophia", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedcm",
         "fedlada", "fedmuon", "fedmuon_svd", "fedpac_muon", "fedpac_muon_light", "fedpac_soap", "fedpac_soap_light",
         "fedpac_sophia", "fedpac_sophia_light", "fedpm", "fedprox", "fedyogi", "local_adamw", "local_muon",
         "local_soap", "local_sophia", "localnewton", "muloco", "prefed", "prefedopt", "scaffold")},
@@ -103,7 +104,8 @@ DECLARED: Dict[str, Dict[str, object]] = {
     "local_optimizer": {"sgd": REFERENCE, **{n: {} for n in (
         "adamw", "amsgrad", "covariance_adam", "foof", "muon", "soap", "sophia")}},
     "state_sync": {"reset": REFERENCE, **{n: {"settings": {"state_sync": n, "local_optimizer": "muon"}} for n in (
-        "average_warmstart", "compressed_average", "persist_local")}},
+        "average_warmstart", "compressed_average", "persist_local")},
+        "desloc": {"settings": {"state_sync": "desloc", "local_optimizer": "adamw"}}},  # Adam's moments only
     "uplink_compression": {"none": REFERENCE, "topk": _twin(0.0, 1e-7, "a top-k of every entry (topk:1.0) sends "
                                                                        "the change as it is", wire=True, settings={
         "uplink_compression": "topk:1.0"}), **{n: {} for n in ("bf16", "fp16", "int8", "int4", "int2", "powersgd")}},
