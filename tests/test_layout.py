@@ -33,7 +33,7 @@ RULES: Dict[str, Set[str]] = {
     "": BELOW_THE_TRAINER | {"trainer"},  # the package's top: __init__, cli, recipes
     "interactions": BELOW_THE_TRAINER | {"trainer"},  # the interaction matrix runs the trainer; nothing imports it
 }
-TOP_LEVEL_MODULES = {"__init__", "__main__", "version", "cli", "recipes"}
+TOP_LEVEL_MODULES = {"__init__", "__main__", "version", "cli", "recipes", "testing"}  # testing: checks for users' hooks
 
 
 def _modules() -> Iterator[Tuple[str, str, bool]]:
@@ -114,7 +114,8 @@ def test_every_folder_has_a_rule_and_the_top_level_is_small():
 # The trainer's sub-folders, by concept: what a config decides (config/), the round hooks (hooks/), how a round's
 # clients are trained (runners/). Its top level holds the trainer classes and what they save and publish.
 TRAINER = os.path.join(PACKAGE, "trainer")
-TRAINER_TOP = {"__init__", "federated_trainer", "sft", "published", "hub", "every_row_evaluation"}  # the trainer classes and their mixins
+TRAINER_TOP = {"__init__", "federated_trainer", "sft", "published", "hub", "every_row_evaluation", "late_metrics",
+               "card_code", "card_details"}  # the trainer classes, their mixins, and the card they publish
 # sub-folder -> the trainer folders it may import ("" is the top level); nothing below the runners imports them
 TRAINER_RULES: Dict[str, Set[str]] = {
     "config": {"hooks", ""},  # e.g. the compression hook's plan of what it compresses; the Hub check
