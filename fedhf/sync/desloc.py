@@ -81,8 +81,7 @@ class DesLoc(StateSync):
         total = ctx.sums.scalar("w")
         if not total:
             return {}  # nothing due this round: every client keeps its own moments
-        # in float32, as the clients keep their state (the float64 sums would double the broadcast and checkpoint)
-        return {k[len("theta."):]: (v / total).float() for k, v in ctx.sums.items() if k.startswith("theta.")}
+        return {k[len("theta."):]: v / total for k, v in ctx.sums.items() if k.startswith("theta.")}
 
     def client_state_bytes(self, theta_bytes: int) -> int:
         return theta_bytes
