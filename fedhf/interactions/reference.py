@@ -8,8 +8,10 @@ forward. It runs in this process, or in each process of a torchrun launch (:mod:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -96,6 +98,7 @@ def build(spec: dict, output_dir: str):
 
     from ..trainer.config.federated_config import FederatedConfig
     from ..trainer.federated_trainer import FederatedTrainer
+    from ..trainer.hooks.outputs import HistoryPlot
     from .hooks import HOOKS
 
     data = spec["data"]
@@ -105,6 +108,8 @@ def build(spec: dict, output_dir: str):
     trainer = FederatedTrainer(model=model(**spec["model"]), args=args, train_dataset=train, eval_dataset=evaluation,
                                data_collator=collate, round_hooks=[HOOKS[h]() for h in spec["hooks"]])
     trainer.remove_callback(PrinterCallback)  # Trainer prints every log dict when tqdm is off
+    # no history plot: a file output no oracle reads, and most of a tiny run's time (this trainer's hooks only)
+    trainer.hooks.hooks = [h for h in trainer.hooks.hooks if not isinstance(h, HistoryPlot)]
     return trainer
 
 
@@ -138,20 +143,19 @@ class _StopAfterFirstRound:
 def run(spec: dict, output_dir: Optional[str] = None) -> Outcome:
     """Train one configuration; with ``resume`` stop after round 1 and resume a fresh trainer from its checkpoint."""
     output_dir = output_dir or tempfile.mkdtemp(prefix="fedhf-matrix-")
-    _quiet()
-    torch.set_num_threads(1)
-    if spec["resume"]:
-        spec = merge(spec, {"settings": {"save_every_rounds": 1}})
-        first = build(spec, output_dir)
-        first.add_callback(_StopAfterFirstRound())
-        first.train()
-        spec = merge(spec, {"settings": {"overwrite_output_dir": False}})
-    trainer = build(spec, output_dir)
-    initial = _trainable(trainer)
-    masks: list = []
-    if spec["masks"]:
-        _record_masks(trainer, masks)
-    trainer.train(resume_from_checkpoint=True if spec["resume"] else None)
+    with _quiet():
+        if spec["resume"]:
+            spec = merge(spec, {"settings": {"save_every_rounds": 1}})
+            first = build(spec, output_dir)
+            first.add_callback(_StopAfterFirstRound())
+            first.train()
+            spec = merge(spec, {"settings": {"overwrite_output_dir": False}})
+        trainer = build(spec, output_dir)
+        initial = _trainable(trainer)
+        masks: list = []
+        if spec["masks"]:
+            _record_masks(trainer, masks)
+        trainer.train(resume_from_checkpoint=True if spec["resume"] else None)
     return Outcome(_trainable(trainer), initial, [dict(e) for e in trainer.federated_history], masks)
 
 
@@ -161,12 +165,16 @@ def _trainable(trainer) -> Dict[str, torch.Tensor]:
     return {n: t.detach().float().clone() for n, t in state.items() if n in names}
 
 
-def _quiet() -> None:
-    """No history plot (a file output no oracle reads; it costs most of a tiny run's time) and no library chatter."""
-    import logging
-
-    from ..trainer.hooks import outputs
-
-    outputs.plot_history = lambda *a, **k: None
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.getLogger("fedhf").setLevel(logging.ERROR)
+@contextlib.contextmanager
+def _quiet():
+    """One thread and no fedhf chatter while a configuration trains; both restored after (the run may share its
+    process with other work, as in the suite)."""
+    logger, threads = logging.getLogger("fedhf"), torch.get_num_threads()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        torch.set_num_threads(threads)
