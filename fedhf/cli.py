@@ -110,12 +110,14 @@ def algorithms_table() -> List[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def _recipe_arguments(config: str, overrides: List[str]):
-    """The recipe and its FederatedConfig, every ``--field`` checked first (exact names, "did you mean")."""
+def _recipe_arguments(config: str, overrides: List[str], ignored: Tuple[str, ...] = ()):
+    """The recipe and its FederatedConfig, every ``--field`` checked first (exact names, "did you mean"); the
+    recipe's ``ignored`` training keys are left at their defaults."""
     from .trainer.config.field_help import check_flags
     from .recipes import DataSection, ModelSection, load_recipe
 
     recipe = load_recipe(config)
+    recipe = dataclasses.replace(recipe, train={k: v for k, v in recipe.train.items() if k not in ignored})
     sections = {"data": [f.name for f in dataclasses.fields(DataSection)],
                 "model": [f.name for f in dataclasses.fields(ModelSection)]}
     problem = check_flags(overrides, sections)
@@ -195,7 +197,9 @@ def partition(config: str, overrides: List[str]) -> List[str]:
     from .data import partition_dataset, save_partition_report
     from .recipes import load_splits
 
-    recipe, args = _recipe_arguments(config, overrides)
+    # the split does not depend on how a launch shards the model, so a recipe written for an FSDP launch reports
+    # from one process too
+    recipe, args = _recipe_arguments(config, overrides, ignored=("fsdp", "fsdp_config"))
     algorithm = args.built_algorithm()  # built (and checked) with the config, before the data is read
     _, report = partition_dataset(load_splits(recipe.data, args.seed)["train"], args)
     paths = save_partition_report({**report, "algorithm": algorithm.describe()}, args.output_dir)

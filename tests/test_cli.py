@@ -107,6 +107,22 @@ def test_partition_writes_the_report_and_no_model(tmp_path):
     assert min(map(sum, counts)) >= 20 and report["algorithm"].startswith("scaffold")
 
 
+def test_partition_of_a_recipe_for_an_fsdp_launch_runs_on_one_process(tmp_path, capsys):
+    """The split does not depend on sharding: the report of a recipe written for an FSDP launch equals the plain one
+    (training it on one process is refused, naming the launch)."""
+    recipe = yaml.safe_load(TWEETS.read_text())
+    recipe["train"].update(fsdp="full_shard", fsdp_config={"reshard_after_forward": True})
+    sharded = tmp_path / "fsdp.yaml"
+    sharded.write_text(yaml.safe_dump(recipe))
+    main(["partition", "--config", str(sharded), "--output_dir", str(tmp_path / "fsdp")])
+    main(["partition", "--config", str(TWEETS), "--output_dir", str(tmp_path / "plain")])
+    assert (json.loads((tmp_path / "fsdp" / "partition.json").read_text())
+            == json.loads((tmp_path / "plain" / "partition.json").read_text()))
+    capsys.readouterr()
+    assert main(["train", "--config", str(sharded), "--output_dir", str(tmp_path / "train")]) == 2
+    assert "was not launched with others" in capsys.readouterr().err
+
+
 def test_partition_takes_the_label_free_split_settings(tmp_path):
     from fedhf.data import power_law_sizes
 
