@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
+import torch
 import yaml
 
 from ..data.bundled_gemma import bundled_origin
@@ -34,7 +35,7 @@ class SavedModel:
     (full weights of a model trained without peft); ``model_class`` the transformers class to load it with;
     ``lora`` the adapter's settings (r, alpha, rsLoRA, target modules), if any; ``round`` the round it is from;
     ``base`` the base model's Hub id (None: loaded from a local folder) and ``base_kwargs`` what its
-    ``from_pretrained`` needs to match the adapter (a classifier's ``num_labels`` and label names); ``bundled`` the
+    ``from_pretrained`` needs to match the adapter (a classifier's ``num_labels`` and label names, a base's dtype other than float32); ``bundled`` the
     bundled name of the base (its load code then calls fedhf's path helper)."""
 
     kind: str
@@ -60,7 +61,8 @@ def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
         lora = {"r": config.r, "alpha": config.lora_alpha, "rslora": bool(config.use_rslora),
                 "targets": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
     return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index,
-                      hub_base_model(model), _head_kwargs(model.get_base_model()),
+                      hub_base_model(model), {**_head_kwargs(model.get_base_model()),
+                                              **_dtype_kwargs(model.get_base_model())},
                       bundled_base_name(_base_name(model)))
 
 
@@ -75,6 +77,18 @@ def _head_kwargs(model) -> dict:
     if any(name != f"LABEL_{i}" for i, name in labels.items()):
         kwargs["id2label"] = labels
     return kwargs
+
+
+def _dtype_kwargs(model) -> dict:
+    """The frozen base's dtype when it is not float32 (a bf16 base on hardware that multiplies it): loaded in
+    another dtype the base computes other logits than the evaluated ones. A quantized base is described by its own
+    quantization config instead."""
+    if getattr(model.config, "quantization_config", None) is not None:
+        return {}
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point()}
+    if len(frozen) != 1 or frozen == {torch.float32}:
+        return {}
+    return {"dtype": str(frozen.pop()).removeprefix("torch.")}
 
 
 def _megabytes(value: float) -> str:

@@ -256,7 +256,7 @@ def _hub_cache_with(tmp_path, repo_id: str, save) -> None:
     save(str(repo / "snapshots" / commit))
 
 
-LOAD_KINDS = ["bundled-minilm", "bundled-gemma", "hub", "local"]
+LOAD_KINDS = ["bundled-minilm", "bundled-gemma", "hub", "local", "local-bf16"]
 
 
 @pytest.mark.parametrize("kind", LOAD_KINDS)
@@ -264,7 +264,7 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
     """The snippet a user copies from the card gives back the saved model (same outputs), offline, for every kind
     of base: fedhf's bundled MiniLM (a classifier: with its num_labels) and bundled Gemma (a tiny stand-in with the
     cache's manifest, gemma_3_270m_path() pointed at it) through their path helpers, a Hub id as it is, and a
-    local folder through the placeholder the user fills."""
+    local folder through the placeholder the user fills; a base trained in bfloat16 loads in bfloat16."""
     from peft import LoraConfig, TaskType, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -288,7 +288,8 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
             base = "fedhf-test/tiny-llama"
         else:
             base = tiny_llama_dir(str(tmp_path / "tiny_llama"), tokenizer)
-        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(
+        dtype = torch.bfloat16 if kind == "local-bf16" else torch.float32
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), LoraConfig(
             r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM))
         vocab = model.config.vocab_size
         if kind == "bundled-gemma":
@@ -307,13 +308,14 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
     card = (tmp_path / "final" / "README.md").read_text()
     expected = {"bundled-minilm": "from fedhf.data.demo import minilm_path\n",
                 "bundled-gemma": "from fedhf.data.bundled_gemma import gemma_3_270m_path\n",
-                "hub": "BASE_MODEL = 'fedhf-test/tiny-llama'\n", "local": 'BASE_MODEL = "..."'}[kind]
+                "hub": "BASE_MODEL = 'fedhf-test/tiny-llama'\n", "local": 'BASE_MODEL = "..."',
+                "local-bf16": "from_pretrained(BASE_MODEL, dtype='bfloat16')"}[kind]
     assert expected in card
     if kind == "bundled-minilm":
         assert "BASE_MODEL = minilm_path()" in card and "from_pretrained(BASE_MODEL, num_labels=3)" in card
     if kind == "bundled-gemma":  # google's weights only as a commented alternative: not the evaluated base
         assert "BASE_MODEL = gemma_3_270m_path()" in card and "# BASE_MODEL = 'google/gemma-3-270m'" in card
-    loaded = _run(load_code(card, tmp_path / "final", base if kind == "local" else None))
+    loaded = _run(load_code(card, tmp_path / "final", base if kind.startswith("local") else None))
     with torch.no_grad():
         assert torch.equal(loaded(**batch).logits, model.eval()(**batch).logits)
 
