@@ -56,6 +56,8 @@ def save_partition_report(report: dict, directory: str) -> List[str]:
 
 def _plot(report: dict, path: str, plt) -> None:
     """Rows per client and key value (when the report has a key) beside the clients' sizes (and held-out rows)."""
+    from matplotlib.ticker import MaxNLocator
+
     sizes = np.asarray(report["sizes"])
     counts = np.asarray(report["counts"]) if "counts" in report else None
     width = 0 if counts is None else max(3, 0.5 * counts.shape[1] + 1.5)
@@ -66,9 +68,11 @@ def _plot(report: dict, path: str, plt) -> None:
         ax = axes[0, 0]
         image = ax.imshow(counts, aspect="auto", cmap="viridis")
         ax.set_xticks(range(counts.shape[1]), report["classes"], rotation=45, ha="right")
-        ax.set_xlabel(report.get("key", "class").replace("`", ""))  # the key's name is markdown (for the card)
+        key = report.get("key", "class").replace("`", "")  # the key's name is markdown (for the card)
+        ax.set_xlabel(key)
         ax.set_ylabel("client")
-        ax.set_title(f"rows per client and value\nlabel skew {report['label_skew']:.2f}: mean TV distance\nto the "
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # clients are whole numbers
+        ax.set_title(f"rows per client and {key}\nlabel skew {report['label_skew']:.2f}: mean TV distance\nto the "
                      "global mix (0 IID, 1 disjoint)", fontsize="medium")
         fig.colorbar(image, ax=ax)
     ax = axes[0, -1]
@@ -79,6 +83,7 @@ def _plot(report: dict, path: str, plt) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("rows")
     ax.set_ylabel("client")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("client sizes")
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")  # nothing clipped at the figure's edge

@@ -60,6 +60,7 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return None
     evals = [h for h in history if any(k.startswith("eval_") for k in h)]
@@ -72,6 +73,8 @@ def plot_history(history: List[dict], path: str, metric: Optional[str] = None,
         xs = [h[x_key] for h in evals if metric in h]
         ax.plot(xs, [h[metric] for h in evals if metric in h], "o-", color="tab:blue", label=metric)
         ax.set_xlabel(x_label)
+        if x_key == "round":  # rounds are whole numbers
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(metric, color="tab:blue")
         loss_ax = ax.twinx()
         train = [h for h in history if "train_loss" in h and math.isfinite(h["train_loss"])]  # NaN under DP

@@ -64,3 +64,15 @@ def test_a_dp_plot_names_delta_and_has_no_legend_entry_for_the_undrawn_train_los
     assert fig._suptitle.get_text() == "fedavg: dp\nclient-level DP: epsilon 3 at delta 0.0019 spent after round 2"
     labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert labels and "train_loss" not in labels and set(labels) == {"eval_accuracy", "eval_loss"}
+
+
+def test_rounds_are_whole_numbers_on_the_plot(tmp_path, monkeypatch):
+    """A few rounds would otherwise get matplotlib's fractional ticks (0.5, 1.5, ...)."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    history = [{"round": r, "communicated_MB": 1.5 * r, "eval_loss": 1.0 / (r + 1)} for r in range(4)]
+    plot_history(history, str(tmp_path / "h.png"))
+    ticks = [t for t in figures[0].axes[0].get_xticks() if 0 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
