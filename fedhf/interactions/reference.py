@@ -98,7 +98,6 @@ def build(spec: dict, output_dir: str):
 
     from ..trainer.config.federated_config import FederatedConfig
     from ..trainer.federated_trainer import FederatedTrainer
-    from ..trainer.hooks.outputs import HistoryPlot
     from .hooks import HOOKS
 
     data = spec["data"]
@@ -108,8 +107,6 @@ def build(spec: dict, output_dir: str):
     trainer = FederatedTrainer(model=model(**spec["model"]), args=args, train_dataset=train, eval_dataset=evaluation,
                                data_collator=collate, round_hooks=[HOOKS[h]() for h in spec["hooks"]])
     trainer.remove_callback(PrinterCallback)  # Trainer prints every log dict when tqdm is off
-    # no history plot: a file output no oracle reads, and most of a tiny run's time (this trainer's hooks only)
-    trainer.hooks.hooks = [h for h in trainer.hooks.hooks if not isinstance(h, HistoryPlot)]
     return trainer
 
 
@@ -167,14 +164,20 @@ def _trainable(trainer) -> Dict[str, torch.Tensor]:
 
 @contextlib.contextmanager
 def _quiet():
-    """One thread and no fedhf chatter while a configuration trains; both restored after (the run may share its
-    process with other work, as in the suite)."""
+    """While a configuration trains: one thread, no fedhf chatter, and no history plot (a file output no oracle
+    reads, and most of a tiny run's time); all restored after, as the run may share its process with other work
+    (the suite)."""
+    from unittest import mock
+
+    from ..trainer.hooks import outputs
+
     logger, threads = logging.getLogger("fedhf"), torch.get_num_threads()
     level = logger.level
     logger.setLevel(logging.ERROR)
     torch.set_num_threads(1)
     try:
-        yield
+        with mock.patch.object(outputs, "plot_history", lambda *a, **k: None):
+            yield
     finally:
         logger.setLevel(level)
         torch.set_num_threads(threads)
