@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from transformers import TrainingArguments
 
-from .config_checks import (check_batch_sizes, check_federation_fields, check_mixed_precision, check_output_dir,
-                            coerce_numeric_strings, set_metric_direction)
+from .config_checks import (check_batch_sizes, check_federation_fields, check_hub_access, check_mixed_precision,
+                            check_output_dir, coerce_numeric_strings, set_metric_direction)
 from ...algorithms import ALGORITHMS, compose
 from ...compression import parse_plan
 from ...corrections import CORRECTIONS
@@ -33,7 +33,6 @@ from .clock_settings import ClockSettings, check_clock_fields
 from .combinations import check_setting_combinations
 from .compression_settings import CompressionSettings
 from .field_help import choice_list
-from ..hub import check_hub_access
 from .partition_settings import PartitionSettings
 from .privacy_settings import PrivacySettings, check_privacy_budget, check_privacy_fields
 from .settings import check_ddp_timeout, map_round_strategies, refuse_unsupported
