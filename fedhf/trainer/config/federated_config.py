@@ -35,7 +35,7 @@ from .compression_settings import CompressionSettings
 from .field_help import choice_list
 from .partition_settings import PartitionSettings
 from .privacy_settings import PrivacySettings, check_privacy_budget, check_privacy_fields
-from .resume_fields import fingerprint_fields
+from .resume_fields import fingerprint_fields, settings_bases
 from .settings import check_ddp_timeout, map_round_strategies, refuse_unsupported
 
 ROUND_SCHEDULES = ("cosine", "constant")
@@ -365,6 +365,11 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
             state_sync=self.state_sync, state_sync_kwargs=self.state_sync_kwargs,
             learning_rate=self.learning_rate, weight_decay=self.weight_decay,
         )
+
+    @classmethod
+    def settings_bases(cls) -> List[type]:
+        """The settings groups this config is composed of (the ``*_settings`` bases), in declaration order."""
+        return settings_bases(cls)
 
     def fingerprint_fields(self) -> Tuple[str, ...]:
         """The fields a round checkpoint's fingerprint holds: a resumed run must match them (resume_fields.py)."""
