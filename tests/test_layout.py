@@ -118,7 +118,7 @@ TRAINER_TOP = {"__init__", "federated_trainer", "sft", "published", "hub", "ever
                "card_code", "card_details"}  # the trainer classes, their mixins, and the card they publish
 # sub-folder -> the trainer folders it may import ("" is the top level); nothing below the runners imports them
 TRAINER_RULES: Dict[str, Set[str]] = {
-    "config": {"hooks", ""},  # e.g. the compression hook's plan of what it compresses; the Hub check
+    "config": set(),  # what a config decides: nothing of the trainer (the refusal table is handed the trainer class)
     "hooks": {"config", ""},
     "runners": {"config", "hooks"},  # the trainer is passed in, never imported
     "": {"config", "hooks", "runners"},
@@ -173,8 +173,12 @@ def test_a_broken_sub_folder_rule_is_caught(tmp_path):
     trainer = tmp_path / "fedhf" / "trainer"
     (trainer / "hooks").mkdir(parents=True)
     (trainer / "hooks" / "late.py").write_text("def f():\n    from ..runners.base import Runner\n")
-    found = trainer_violations(str(trainer))
-    assert found == [f"hooks{os.sep}late.py:2 imports fedhf.trainer.runners.base.Runner; trainer/hooks may import "
+    (trainer / "config" / "table").mkdir(parents=True)
+    (trainer / "config" / "table" / "rows.py").write_text("from ...hooks.compression import compressed_model_change\n")
+    found = sorted(trainer_violations(str(trainer)))
+    assert found == [f"config{os.sep}table{os.sep}rows.py:1 imports fedhf.trainer.hooks.compression."
+                     "compressed_model_change; trainer/config may import []",
+                     f"hooks{os.sep}late.py:2 imports fedhf.trainer.runners.base.Runner; trainer/hooks may import "
                      "['', 'config']"]
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..core.lora import ROLES, role_of
 from .base import Compressor, build_compressor
@@ -72,3 +72,10 @@ def parse_plan(spec: Optional[str], field_name: str = "uplink_compression") -> C
             text = str(error).replace("`uplink_compression`", f"`{field_name}`")  # the registry names the uplink
             raise ValueError(text if f"`{field_name}`" in text else f"`{field_name}`: {text}") from None
     return CompressionPlan(tuple(rules))
+
+
+def compressed_model_change(uplink: CompressionPlan, shared) -> Dict[str, Compressor]:
+    """The shared tensors whose model change (message key ``dx.<name>``) ``uplink`` compresses, with their
+    compressor (read by the round hook, the refusal table and the memory plan)."""
+    picked = {name: uplink.pick(f"dx.{name}") for name in shared}  # a client's model change is sent as dx.<name>
+    return {name: compressor for name, compressor in picked.items() if compressor is not None}

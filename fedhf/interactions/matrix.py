@@ -122,6 +122,7 @@ def _launch_table(trainer, settings: dict) -> None:
     from ..trainer.config import combinations as table
     from ..trainer.config import federated_config
     from ..trainer.config.federated_config import FederatedConfig
+    from ..trainer.federated_trainer import FederatedTrainer
 
     args = trainer.args
     with mock.patch.object(federated_config, "check_fsdp_launch", lambda args: None):  # as a launched process
@@ -137,7 +138,7 @@ def _launch_table(trainer, settings: dict) -> None:
         def world(self):
             return SimpleNamespace(size=2, rank=0)
 
-    table._refuse(LaunchSetup(trainer), table.COMBINATIONS)
+    table._refuse(LaunchSetup(trainer, trainer_class=FederatedTrainer), table.COMBINATIONS)
 
 
 def _init_fields(args):

@@ -17,7 +17,7 @@ from .oracles import AGREEMENT_LIMIT, DROP_RATE
 HEADER = """# Feature interactions (generated)
 
 [Index](README.md). Generated from the declarations in fedhf/interactions/features.py and the refusal table
-(fedhf/trainer/config/combinations.py); do not edit by hand (tests/interactions/test_page.py keeps it equal).
+(fedhf/trainer/config/combinations/); do not edit by hand (tests/interactions/test_page.py keeps it equal).
 Regenerate with `python -m fedhf.interactions.page > docs/interactions.md` (looks every pair up), or with
 `python benchmarks/interaction_matrix.py --page docs/interactions.md`, which runs every pair below
 ([result](../benchmarks/interaction_matrix_result.txt)) and takes the refusals from the run.

@@ -72,7 +72,7 @@ class BaseFold:
     at the start (kept in the run's state and checkpoint), the fold W += s R, and loading them into the model."""
 
     def __init__(self, model: torch.nn.Module, active: bool) -> None:
-        # with load_best_model_at_end refused by the trainer (fedhf/trainer/config/combinations.py): the best round's
+        # with load_best_model_at_end refused by the trainer (fedhf/trainer/config/combinations/): the best round's
         # adapter without that round's base weights is no model
         self.layers = lora_layers(model) if active else {}
         live = dict(model.named_parameters())

@@ -21,7 +21,7 @@ The federated round runs on the local shards, never on whole tensors:
 * what needs a whole matrix (Muon's Newton-Schulz, SOAP's eigenbases, a low-rank state sync's factorisation)
   gathers it, one matrix at a time (:mod:`fedhf.optim.whole_matrices`, :mod:`fedhf.sync.compressed` through
   ``ClientContext.layout``); anything else that reads whole tensors is refused before any work
-  (fedhf/trainer/config/combinations.py, group ``fsdp``).
+  (fedhf/trainer/config/combinations/, group ``fsdp``).
 
 The round's sums are therefore per shard and complete on each process: no all-reduce of the sums, only of the
 scalars that add over shards (:meth:`ShardedModel.reduce_sums`).

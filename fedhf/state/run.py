@@ -20,18 +20,6 @@ from .checkpoint import LEGACY_PREFIX, PREFIX, latest_checkpoint, round_folders
 
 logger = logging.get_logger(__name__)
 
-#: Config fields that must match between a checkpoint and the run resuming from it.
-FINGERPRINT_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "partition",
-                      "partition_column", "dirichlet_alpha", "client_weighting", "round_lr_schedule",
-                      "per_device_train_batch_size", "max_grad_norm", "partition_key", "partition_key_buckets",
-                      "quantity_skew", "client_eval_fraction", "parameter_sharing", "parameter_sharing_kwargs",
-                      "lora_client_ranks", "gradient_accumulation_steps", "batched_clients", "bf16", "fp16",
-                      "metric_for_best_model", "greater_is_better", "load_best_model_at_end", "uplink_compression",
-                      "downlink_compression", "error_feedback", "client_sampling", "dp_mode", "dp_clip_norm",
-                      "dp_epsilon", "dp_delta", "dp_noise_multiplier", "dp_accountant", "dp_adaptive_clip_quantile",
-                      "secure_aggregation", "secagg_bits", "secagg_range", "dp_min_survivors", "dp_reproducible_noise",
-                      "clock_profile", "clock_tokens_per_s", "clock_uplink_mbps", "clock_downlink_mbps",
-                      "clock_spread", "clock_availability", "round_policy", "round_deadline_s", "over_selection")
 #: Fields added after checkpoints were first written, with the value a checkpoint without them was written with.
 ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity_skew": 0.0,
                 "client_eval_fraction": 0.0, "parameter_sharing": "all", "parameter_sharing_kwargs": None,
@@ -44,7 +32,8 @@ ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity
                 "secagg_range": None, "dp_min_survivors": None, "dp_reproducible_noise": False, "clock_profile": None,
                 "clock_tokens_per_s": 2000.0, "clock_uplink_mbps": 5.0, "clock_downlink_mbps": 20.0,
                 "clock_spread": 1.0, "clock_availability": 1.0, "round_policy": "wait_all", "round_deadline_s": None,
-                "over_selection": 0.0}
+                "over_selection": 0.0, "async_concurrency": None, "dp_adaptive_clip_lr": 0.2,
+                "dp_adaptive_clip_count_std": None, "min_partition_size": 1, "partition_encoder": None}
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params", "compression_state")
@@ -85,7 +74,10 @@ class RunState:
 
 
 def fingerprint(args, algorithm) -> dict:
-    return {"algorithm": algorithm.describe(), **{name: getattr(args, name) for name in FINGERPRINT_FIELDS}}
+    """The config fields a resumed run must match, as the config declares them (``args.fingerprint_fields()``:
+    every settings group's field but those that may change on resume, fedhf/trainer/config/resume_fields.py), and
+    the algorithm as built."""
+    return {"algorithm": algorithm.describe(), **{name: getattr(args, name) for name in args.fingerprint_fields()}}
 
 
 def check_fingerprint(path: str, meta: dict, expected: dict) -> None:

@@ -144,7 +144,7 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         self.algorithm = args.built_algorithm()  # built once, by the config (rebuilt there if a field changed)
         self.sharing = args.built_sharing()
         self.sharing_roles = self.sharing.roles(self.model)  # shared / personal / frozen, refused here
-        check_combinations(self)  # every refused combination of settings, before any work (one table)
+        check_combinations(self, FederatedTrainer)  # every refused combination, before any work (one table)
         warn_sgd_lr(self)  # an SGD algorithm at an AdamW-scale lr on a causal LM (fedhf/trainer/config/llm_guidance.py)
         # what the aggregator needs of the round, and how clients are trained: chosen once, here
         aggregator = self.algorithm.server_rule.aggregator

@@ -23,6 +23,7 @@ from ..metrics.history import is_quality_metric, write_json_atomic
 from ..state.checkpoint import PREFIX
 from .card_code import adapter_code, bundled_base_name
 from .card_details import CardDetails, with_details
+from .config.config_checks import hub_is_offline
 from .config.privacy_settings import dp_on, privacy_card_rows
 
 FEDERATED_TAGS = ["fedhf", "federated-learning"]
@@ -291,34 +292,12 @@ def publish_bundled_base(directory: str, origin: dict) -> None:
         f.write(origin["notice"])
 
 
-def hub_is_offline() -> bool:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
-
-
 def offline_push_message(folder: str, repo_id: Optional[str]) -> str:
     """push_to_hub() called offline after training: what was saved, and how to upload it later."""
     return (f"push_to_hub(): the Hub is offline (HF_HUB_OFFLINE is set), so nothing was uploaded. The model and its "
             f"card are saved in {folder}; upload them when online with `hf upload {repo_id or 'YOU/NAME'} {folder} "
             "--exclude '*.bin' --exclude 'checkpoint-*' --exclude 'client_state/*'` (docs/configuration.md, \"Publish later\"), or unset HF_HUB_OFFLINE "
             "and call push_to_hub() again.")
-
-
-def check_hub_access(args) -> None:
-    """Before any work: ``push_to_hub=True`` needs the Hub (not offline) and a token. The token is never shown."""
-    if not args.push_to_hub:
-        return
-    from huggingface_hub import get_token
-
-    if hub_is_offline():
-        raise ValueError("`push_to_hub=True` but the Hub is offline (HF_HUB_OFFLINE is set): set push_to_hub=False "
-                         "to train offline (save_model() writes the card and weights locally), or unset "
-                         "HF_HUB_OFFLINE.")
-    if not (args.hub_token or get_token()):
-        raise ValueError("`push_to_hub=True` but no Hugging Face token was found: set HF_TOKEN (or run `hf auth "
-                         "login`, or pass `hub_token`), choose the repository with `hub_model_id`, or set "
-                         "push_to_hub=False.")
 
 
 # never uploaded: pickles (training_args.bin and the like) and the clients' spilled state (their optimizer and

@@ -4,11 +4,14 @@ named; a checkpoint from before those settings existed resumes when they are at 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
-from fedhf.state.run import check_fingerprint, fingerprint
+from fedhf import FederatedConfig
+from fedhf.state.run import ADDED_FIELDS, check_fingerprint, fingerprint
+from fedhf.trainer.config.resume_fields import RESUMABLE, fingerprint_fields, settings_bases
 
 from tests.helpers import config
 
@@ -39,3 +42,42 @@ def test_a_checkpoint_written_before_the_split_settings_existed_resumes_with_the
     other = config(tmp_path, quantity_skew=1.0)
     with pytest.raises(ValueError, match="quantity_skew: checkpoint 0.0, now 1.0"):
         check_fingerprint("ckpt", {"fingerprint": older}, fingerprint(other, other.build_algorithm()))
+
+
+FEDBUFF = dict(clock_profile="lognormal", round_policy="fedbuff")
+
+
+def test_a_resumed_fedbuff_run_with_another_async_concurrency_is_refused(tmp_path):
+    """async_concurrency decides which clients train at once, so which reports fill each buffer: a resume with
+    another value would continue a different run (the hand-kept field list had missed it)."""
+    args = config(tmp_path, **FEDBUFF, async_concurrency=4)
+    stored = {"fingerprint": fingerprint(args, args.build_algorithm())}
+    other = config(tmp_path, **FEDBUFF, async_concurrency=8)
+    with pytest.raises(ValueError, match="different run.*async_concurrency: checkpoint 4, now 8.*async_concurrency=4"):
+        check_fingerprint("ckpt", stored, fingerprint(other, other.build_algorithm()))
+
+
+def _settings_fields():
+    return {f.name: f for base in settings_bases(FederatedConfig) for f in dataclasses.fields(base)}
+
+
+def test_every_settings_field_is_fingerprinted_or_declared_resumable():
+    bases = {base.__module__ for base in settings_bases(FederatedConfig)}
+    assert bases == {f"fedhf.trainer.config.{name}_settings" for name in
+                     ("clock", "privacy", "compression", "partition")}
+    fingerprinted = set(fingerprint_fields(FederatedConfig))
+    for name in _settings_fields():
+        assert (name in fingerprinted) != (name in RESUMABLE), name
+    assert set(RESUMABLE) <= set(_settings_fields())  # no stale exclusion
+    assert not set(RESUMABLE) & fingerprinted
+
+
+def test_a_checkpoint_written_before_a_settings_field_was_fingerprinted_resumes_at_its_default(tmp_path):
+    """Each settings field fingerprinted after the first checkpoints has its default in ADDED_FIELDS."""
+    first = {"partition", "partition_column", "dirichlet_alpha"}  # in the fingerprint since checkpoints exist
+    fields = {name: f for name, f in _settings_fields().items() if name not in RESUMABLE and name not in first}
+    for name, f in fields.items():
+        assert name in ADDED_FIELDS and ADDED_FIELDS[name] == f.default, name
+    args = config(tmp_path)
+    older = {k: v for k, v in fingerprint(args, args.build_algorithm()).items() if k not in fields}
+    check_fingerprint("ckpt", {"fingerprint": older}, fingerprint(args, args.build_algorithm()))

@@ -284,7 +284,7 @@ BAD_INPUTS = [
     Bad("`server_rule='flora'` with `load_best_model_at_end=True` (the base weights change every round)",
         "load_best_model_at_end", _lora_tweets(server_rule="flora", load_best_model_at_end=True,
                                                eval_every_rounds=1, metric_for_best_model="loss")),
-    # --- communication compression (fedhf/compression/, fedhf/trainer/config/combinations.py) ---
+    # --- communication compression (fedhf/compression/, fedhf/trainer/config/combinations/) ---
     Bad("`uplink_compression` naming no compressor", "uplink_compression", _cfg(uplink_compression="int9")),
     Bad("`downlink_compression` with a top-k fraction outside (0, 1]", "downlink_compression",
         _cfg(downlink_compression="topk:2")),
@@ -329,7 +329,7 @@ BAD_INPUTS = [
         "client_parallel", _digits(client_parallel=True)),
     Bad("`client_parallel=True` with `batched_clients` > 1", "batched_clients",
         _lora_tweets(client_parallel=True, batched_clients=2)),
-    # privacy (fedhf/trainer/config/privacy_settings.py, the privacy rows of fedhf/trainer/config/combinations.py)
+    # privacy (fedhf/trainer/config/privacy_settings.py, the privacy rows of fedhf/trainer/config/combinations/)
     Bad("`client_sampling` unknown", "client_sampling", _cfg(client_sampling="bernoulli")),
     Bad("`dp_mode` unknown", "dp_mode", _cfg(dp_mode="local")),
     Bad("`dp_mode='central'` without `dp_clip_norm`", "dp_clip_norm", _cfg(dp_mode="central", dp_epsilon=3.0)),

@@ -90,7 +90,7 @@ def check_mixed_precision(config) -> None:
 def check_federation_fields(config, client_weightings, round_schedules) -> None:
     """The federation's own fields, each with the fix named (``FederatedConfig.__post_init__``, after the kwargs
     are parsed and ``clients_per_round`` defaulted); their combinations are rows of the refusal table
-    (fedhf/trainer/config/combinations.py)."""
+    (fedhf/trainer/config/combinations/)."""
     checks = [
         (config.num_clients >= 1, "`num_clients` must be >= 1"),
         (config.clients_per_round >= 1, "`clients_per_round` must be >= 1"),
@@ -134,3 +134,25 @@ def check_federation_fields(config, client_weightings, round_schedules) -> None:
     for ok, message in checks:
         if not ok:
             raise ValueError(message + ".")
+
+
+def hub_is_offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def check_hub_access(args) -> None:
+    """Before any work: ``push_to_hub=True`` needs the Hub (not offline) and a token. The token is never shown."""
+    if not args.push_to_hub:
+        return
+    from huggingface_hub import get_token
+
+    if hub_is_offline():
+        raise ValueError("`push_to_hub=True` but the Hub is offline (HF_HUB_OFFLINE is set): set push_to_hub=False "
+                         "to train offline (save_model() writes the card and weights locally), or unset "
+                         "HF_HUB_OFFLINE.")
+    if not (args.hub_token or get_token()):
+        raise ValueError("`push_to_hub=True` but no Hugging Face token was found: set HF_TOKEN (or run `hf auth "
+                         "login`, or pass `hub_token`), choose the repository with `hub_model_id`, or set "
+                         "push_to_hub=False.")

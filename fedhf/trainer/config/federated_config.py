@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import torch
 from transformers import TrainingArguments
 
-from .config_checks import (check_batch_sizes, check_federation_fields, check_mixed_precision, check_output_dir,
-                            coerce_numeric_strings, set_metric_direction)
+from .config_checks import (check_batch_sizes, check_federation_fields, check_hub_access, check_mixed_precision,
+                            check_output_dir, coerce_numeric_strings, set_metric_direction)
 from ...algorithms import ALGORITHMS, compose
 from ...compression import parse_plan
 from ...corrections import CORRECTIONS
@@ -33,9 +33,9 @@ from .clock_settings import ClockSettings, check_clock_fields
 from .combinations import check_setting_combinations
 from .compression_settings import CompressionSettings
 from .field_help import choice_list
-from ..hub import check_hub_access
 from .partition_settings import PartitionSettings
 from .privacy_settings import PrivacySettings, check_privacy_budget, check_privacy_fields
+from .resume_fields import fingerprint_fields, settings_bases
 from .settings import check_ddp_timeout, map_round_strategies, refuse_unsupported
 
 ROUND_SCHEDULES = ("cosine", "constant")
@@ -365,6 +365,15 @@ class FederatedConfig(ClockSettings, PrivacySettings, CompressionSettings, Parti
             state_sync=self.state_sync, state_sync_kwargs=self.state_sync_kwargs,
             learning_rate=self.learning_rate, weight_decay=self.weight_decay,
         )
+
+    @classmethod
+    def settings_bases(cls) -> List[type]:
+        """The settings groups this config is composed of (the ``*_settings`` bases), in declaration order."""
+        return settings_bases(cls)
+
+    def fingerprint_fields(self) -> Tuple[str, ...]:
+        """The fields a round checkpoint's fingerprint holds: a resumed run must match them (resume_fields.py)."""
+        return fingerprint_fields(type(self))
 
     def build_sharing(self) -> ParameterSharing:
         """A new parameter sharing from these settings (:meth:`built_sharing` reuses one)."""

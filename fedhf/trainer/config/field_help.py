@@ -18,10 +18,13 @@ def choice_list(names: Iterable[str]) -> str:
 DOCS = "docs/configuration.md (fields) and docs/trainer_settings.md (the TrainingArguments fields)"
 # Names a Trainer or trl user types by habit -> the field that means it here.
 HABITS = {"lr": "learning_rate", "rounds": "num_rounds", "clients": "num_clients", "epochs": "num_rounds"}
+TRAINING_ARGUMENTS_TITLE = "TrainingArguments (honoured in rounds or refused)"
 
 
 def field_groups() -> Dict[str, List[str]]:
-    """Group title -> the init fields each class of FederatedConfig's bases declares, in declaration order."""
+    """Group title -> the init fields each class of FederatedConfig's bases declares, in declaration order: the
+    federation's own, then one group per settings base (:meth:`FederatedConfig.settings_bases`, in the order
+    dataclasses.fields() takes them), then TrainingArguments'. A settings base without a title fails here."""
     from transformers import TrainingArguments
 
     from .clock_settings import ClockSettings
@@ -30,10 +33,11 @@ def field_groups() -> Dict[str, List[str]]:
     from .partition_settings import PartitionSettings
     from .privacy_settings import PrivacySettings
 
-    titles = ((FederatedConfig, "the federation and its algorithm"), (PartitionSettings, "the data split"),
-              (CompressionSettings, "compression"), (PrivacySettings, "privacy"),
-              (ClockSettings, "the simulated clock (docs/clock.md)"),
-              (TrainingArguments, "TrainingArguments (honoured in rounds or refused)"))
+    settings_titles = {PartitionSettings: "the data split", CompressionSettings: "compression",
+                       PrivacySettings: "privacy", ClockSettings: "the simulated clock (docs/clock.md)"}
+    titles = ((FederatedConfig, "the federation and its algorithm"),
+              *((base, settings_titles[base]) for base in reversed(FederatedConfig.settings_bases())),
+              (TrainingArguments, TRAINING_ARGUMENTS_TITLE))
     init = [f.name for f in dataclasses.fields(FederatedConfig) if f.init]
     # a TrainingArguments field FederatedConfig re-declares (a new default, e.g. logging_steps) is still Trainer's
     groups, seen = {}, set(vars(TrainingArguments).get("__annotations__", {}))
@@ -42,7 +46,7 @@ def field_groups() -> Dict[str, List[str]]:
                and (n not in seen or cls is TrainingArguments)]
         seen.update(own)
         groups[title] = own
-    groups[titles[-1][1]] += [n for n in init if n not in seen]
+    groups[TRAINING_ARGUMENTS_TITLE] += [n for n in init if n not in seen]
     return groups
 
 

@@ -36,8 +36,9 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ...compression import CompressionPlan, Compressor, compress_step, parse_plan
+from ...compression import CompressionPlan, compress_step, parse_plan
 from ...compression.domain import keep_domain
+from ...compression.plan import compressed_model_change  # noqa: F401  (the memory plan imports it from here)
 from ...core.message import Message
 from ...core.params import TensorDict
 from ...core.schedule import stream_seed
@@ -49,13 +50,6 @@ UPLINK_STREAM, DOWNLINK_STREAM = 0xC0, 0xC1
 RESIDUAL, STATE = "compression.residual", "compression.state"
 #: RunState groups that are broadcast, and their key prefix in the downlink plan.
 BROADCAST = (("global_params", "model"), ("correction_state", "correction"), ("sync_state", "sync"))
-
-
-def compressed_model_change(uplink: CompressionPlan, shared) -> Dict[str, Compressor]:
-    """The shared tensors whose model change (message key ``dx.<name>``) ``uplink`` compresses, with their
-    compressor."""
-    picked = {name: uplink.pick(f"dx.{name}") for name in shared}  # a client's model change is sent as dx.<name>
-    return {name: compressor for name, compressor in picked.items() if compressor is not None}
 
 
 class Compression(RoundHook):

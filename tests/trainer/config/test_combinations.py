@@ -1,4 +1,4 @@
-"""The refusal table (fedhf/trainer/config/combinations.py): a row that needs the settings only refuses when the
+"""The refusal table (fedhf/trainer/config/combinations/): a row that needs the settings only refuses when the
 config is made, and again when the trainer is built (a field changed in between); a row that needs the trainer
 refuses when the trainer is built; a settings row cannot read the trainer."""
 

@@ -205,3 +205,25 @@ def test_fedhf_train_help_groups_the_clock_fields_and_keeps_trainers_fields_with
     assert not set(clock) & set(trainer)
     every = [n for names in groups.values() for n in names]
     assert len(every) == len(set(every))  # each field in one group
+
+
+def test_fedhf_train_help_gives_every_settings_base_its_own_group(capsys):
+    """Each *_settings base of FederatedConfig has a group holding exactly its fields (none filed with
+    TrainingArguments or the federation), and the help prints every group."""
+    from fedhf.cli import main
+    from fedhf.trainer.config.field_help import TRAINING_ARGUMENTS_TITLE, field_groups, fields_help
+
+    groups = field_groups()
+    bases = FederatedConfig.settings_bases()
+    assert {base.__name__ for base in bases} == {"ClockSettings", "PrivacySettings", "CompressionSettings",
+                                                 "PartitionSettings"}
+    others = set(groups[TRAINING_ARGUMENTS_TITLE]) | set(groups["the federation and its algorithm"])
+    for base in bases:
+        names = [f.name for f in dataclasses.fields(base)]
+        assert names in groups.values(), base.__name__
+        assert not set(names) & others, base.__name__
+    assert len(groups) == len(bases) + 2
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    printed = capsys.readouterr().out
+    assert fields_help() in printed and all(f"\n  {title}:\n" in printed for title in groups)
