@@ -2,9 +2,10 @@
 
 * :func:`wait_for_all`: the synchronous round every client is waited for (FedAvg as written); it lasts as long as
   its slowest client.
-* :func:`deadline_round`: the server over-selects (:func:`over_selected`) and keeps the first ``target`` clients that report before the
-  deadline; the rest are dropped and their work is wasted (Bonawitz et al., MLSys 2019, section 2: 130 % selection,
-  a reporting deadline). It lasts until the target-th report, the deadline, or the last report, whichever is first.
+* :func:`deadline_round`: the server over-selects (:func:`over_selected`) and keeps the first ``target`` clients
+  that report before the deadline; the rest are dropped and their work is wasted (Bonawitz et al., MLSys 2019,
+  section 2: 130 % selection, a reporting deadline). It lasts until the target-th report, the deadline, or the
+  last report, whichever is first.
 """
 
 from __future__ import annotations

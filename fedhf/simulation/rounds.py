@@ -65,7 +65,8 @@ class RoundPolicy(ABC):
         the round's seconds after ``now`` and the client-seconds of dropped work."""
 
     def report_weight(self, staleness: int) -> float:
-        """The weight of a report's model change that is ``staleness`` server updates old (synchronous rounds have no stale reports: 1)."""
+        """The weight of a report's model change that is ``staleness`` server updates old (1: a synchronous round
+        has no stale reports)."""
         return 1.0
 
 

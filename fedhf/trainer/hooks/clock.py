@@ -6,19 +6,19 @@ asks and never names: it keeps the clock's state, times the clients and applies 
 The loop samples the policy's ``sample_size()`` clients (``sample_size`` here; the deadline policy over-selects
 ceil((1 + over_selection) x clients_per_round)).
 
-Synchronous policies (``wait_all``, ``deadline``): ``select_clients`` drops
-the clients that are offline this round (seeded per (seed, round, client)), times every online client - the
-broadcast over its downlink, its tokens at its compute speed, its message over its uplink - and keeps what the
-policy's ``close_round`` keeps. Dropped clients do not train here: their result would be discarded, so the global model is the same and the
-simulation skips the work (``sim_wasted_client_s`` counts what a deployment would have spent).
+Synchronous policies (``wait_all``, ``deadline``): ``select_clients`` drops the clients that are offline this round
+(seeded per (seed, round, client)), times every online client - the broadcast over its downlink, its tokens at its
+compute speed, its message over its uplink - and keeps what the policy's ``close_round`` keeps. Dropped clients do
+not train here: their result would be discarded, so the global model is the same and the simulation skips the work
+(``sim_wasted_client_s`` counts what a deployment would have spent).
 
-Buffered asynchronous aggregation (``fedbuff``, a policy whose ``buffered`` is True): ``select_clients`` replaces the loop's sample by its dispatch: clients
-(in a seeded order of the online ones) until the policy's ``concurrency()``
-are training; each trains now, from the current global model (its version), and ``on_client_message`` keeps its
-messages instead of summing them. ``after_sums`` then replaces the round's sums by the reports the policy's ``close_round`` takes (the first
-``clients_per_round`` on the clock): each report's model change weighted by its ``report_weight(staleness)``, every other
-sum (a correction's or a state sync's change of the client's own state, the weight, the loss) entered once,
-unweighted. One round is one server update.
+Buffered asynchronous aggregation (``fedbuff``, a policy whose ``buffered`` is True): ``select_clients`` replaces
+the loop's sample by its dispatch: clients (in a seeded order of the online ones) until the policy's
+``concurrency()`` are training; each trains now, from the current global model (its version), and
+``on_client_message`` keeps its messages instead of summing them. ``after_sums`` then replaces the round's sums by
+the reports the policy's ``close_round`` takes (the first ``clients_per_round`` on the clock): each report's model
+change weighted by the policy's ``report_weight(staleness)``, every other sum (a correction's or a state sync's
+change of the client's own state, the weight, the loss) entered once, unweighted. One round is one server update.
 
 Message sizes are the previous round's measured bytes per client (the dense size in the first round), so a round can
 be timed before it runs. The round's log gains ``sim_round_s``, ``sim_time_s`` (cumulative), ``sim_dropped``,
