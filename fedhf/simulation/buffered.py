@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Dict, List, Sequence
+
+from .policy import RoundTiming
 
 
 def staleness_weight(staleness: int) -> float:
@@ -38,3 +40,15 @@ def refill(candidates: Sequence[int], busy: Sequence[int], free_slots: int) -> L
     """The next ``free_slots`` clients of ``candidates`` (a seeded order) that are not already training."""
     taken = set(busy)
     return [c for c in candidates if c not in taken][:max(free_slots, 0)]
+
+
+def buffered_round(finish: Dict[int, float], now: float, buffer: int) -> RoundTiming:
+    """The server update ``now`` waits for: the first ``buffer`` reports of the clients in flight (``finish``: each
+    one's report time on the run's clock, in dispatch order; ties: the earlier dispatched), in the order they arrive.
+    It happens at the last of them, or ``now`` when they all arrived before (reports wait for the update); no
+    work is dropped."""
+    clients = list(finish)
+    order = sorted(range(len(clients)), key=lambda i: (finish[clients[i]], i))  # as next_arrivals
+    arrived = [clients[i] for i in order[:buffer]]
+    end = max([now] + [finish[c] for c in arrived])
+    return RoundTiming(arrived, end - now, 0.0)

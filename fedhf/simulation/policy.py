@@ -2,14 +2,17 @@
 
 * :func:`wait_for_all`: the synchronous round every client is waited for (FedAvg as written); it lasts as long as
   its slowest client.
-* :func:`deadline_round`: the server over-selects and keeps the first ``target`` clients that report before the
-  deadline; the rest are dropped and their work is wasted (Bonawitz et al., MLSys 2019, section 2: 130 % selection,
-  a reporting deadline). It lasts until the target-th report, the deadline, or the last report, whichever is first.
+* :func:`deadline_round`: the server over-selects (:func:`over_selected`) and keeps the first ``target`` clients
+  that report before the deadline; the rest are dropped and their work is wasted (Bonawitz et al., MLSys 2019,
+  section 2: 130 % selection, a reporting deadline). It lasts until the target-th report, the deadline, or the
+  last report, whichever is first.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -50,6 +53,15 @@ class RoundTiming:
 def wait_for_all(finish: Dict[int, float]) -> RoundTiming:
     """Every client is kept; the round lasts as long as its slowest client (0 for an empty round)."""
     return RoundTiming(list(finish), max(finish.values(), default=0.0), 0.0)
+
+
+def over_selected(target: int, over_selection: float, num_clients: int) -> int:
+    """How many clients to sample for ``target`` reports: ceil((1 + over_selection) x target), at most every client.
+    The product is exact (the fraction the setting is written as): in floats (1 + 0.1) x 100 is
+    110.00000000000001, whose ceiling would sample, and account, 111 clients."""
+    if over_selection <= 0:
+        return target
+    return min(num_clients, math.ceil((1 + Fraction(str(over_selection))) * target))
 
 
 def deadline_round(finish: Dict[int, float], deadline_s: float, target: int) -> RoundTiming:

@@ -53,7 +53,7 @@ from ..state.run import RunState, refuse_to_overwrite, resolve_checkpoint
 from .hooks.best_round import BestRound, check_best_metric
 from .runners.client_data import ClientData, check_partitions
 from .config.combinations import check_combinations
-from .config.clock_settings import budget_reached, sampled_per_round
+from .config.clock_settings import budget_reached
 from .config.federated_config import FederatedConfig
 from .hooks.base import HookList, RoundHook
 from .runners.labelled_positions import LabelledPositionsLoss, projects_labelled_positions_only
@@ -331,8 +331,8 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         # 1. the round's learning rate, clients and sharing (RoLoRA's frozen factor); the hooks' round begins
         round_lr = round_learning_rate(algo.local_optimizer.lr, r, args.num_rounds, args.round_lr_schedule)
         # under DP the sample is drawn from the run's secret, not the printed seed (amplification needs it secret)
-        clients = round_clients(self.privacy.cohort_seed(), r, args.num_clients, sampled_per_round(args),
-                                args.client_sampling)
+        size = self.hooks.sample_size(self, run, args.clients_per_round)  # e.g. the clock's over-selection
+        clients = round_clients(self.privacy.cohort_seed(), r, args.num_clients, size, args.client_sampling)
         run.started = list(clients)  # a hook that finds a client offline before it starts takes it out (the clock)
         run.cohort = clients = self.hooks.select_clients(self, run, clients)  # e.g. the clock's offline and late
         added = sorted(set(clients) - set(run.started))

@@ -1,18 +1,18 @@
 """The simulated-clock fields of :class:`fedhf.FederatedConfig` (docs/clock.md), checked when the config is made.
-The round hook that applies them is fedhf/trainer/hooks/clock.py; the profiles and round policies are fedhf/simulation/."""
+The round hook that applies them is fedhf/trainer/hooks/clock.py; the profiles and round policies are fedhf/simulation/
+(the policy a config runs: clock_policy.py)."""
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ...core.choices import closest, not_one_of
+from ...simulation.rounds import ROUND_POLICIES as POLICY_CLASSES
 
 PROFILES = ("uniform", "lognormal")  # or the path of a CSV trace
-ROUND_POLICIES = ("wait_all", "deadline", "fedbuff")
+ROUND_POLICIES = tuple(POLICY_CLASSES)  # the choices: the registry's names (a new policy is its class and line there)
 
 
 @dataclass
@@ -77,31 +77,6 @@ def budget_reached(args, entry: dict) -> bool:
     """Whether the round logged in ``entry`` reached ``clock_budget_s``: the clock stops the run after it, so it is
     the run's last round."""
     return clock_on(args) and args.clock_budget_s is not None and entry["sim_time_s"] >= args.clock_budget_s
-
-
-def sampled_per_round(args) -> int:
-    """How many clients the loop samples: clients_per_round, over-selected under the deadline policy. The product
-    is exact (the fraction the setting is written as): in floats (1 + 0.1) x 100 is 110.00000000000001, whose
-    ceiling would sample, and account, 111 clients."""
-    if clock_on(args) and args.round_policy == "deadline" and args.over_selection > 0:
-        return min(args.num_clients, math.ceil((1 + Fraction(str(args.over_selection))) * args.clients_per_round))
-    return args.clients_per_round
-
-
-def deadline_target(args) -> int:
-    """The most reports a deadline round keeps: clients_per_round, the first to arrive. Under DP with Poisson
-    sampling every report within the deadline is kept instead: with a cap, one client's presence could push another
-    client's report out, so the sum would move by up to 2C under add-or-remove-one, twice the sensitivity the
-    accountant's Poisson event assumes (docs/privacy.md, "Dropped clients")."""
-    if args.dp_mode != "off" and args.client_sampling == "poisson":
-        return args.num_clients
-    return args.clients_per_round
-
-
-def concurrency(args) -> int:
-    """fedbuff's clients training at once."""
-    default = 2 * args.clients_per_round
-    return min(args.num_clients, args.async_concurrency if args.async_concurrency is not None else default)
 
 
 def check_clock_fields(args) -> None:

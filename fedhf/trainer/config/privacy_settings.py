@@ -11,7 +11,7 @@ from typing import Optional
 
 from ...privacy import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, adaptive_noise_split, calibrate_noise
 from ...privacy.secagg import SecAggCodec
-from .clock_settings import sampled_per_round
+from .clock_policy import sampled_per_round
 from ...core.choices import not_one_of
 
 DP_MODES = ("off", "central", "distributed")

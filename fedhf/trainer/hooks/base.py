@@ -8,6 +8,9 @@ passed in. Every method is a no-op here, so a hook overrides only the events it 
 meets them:
 
 * ``on_train_begin(trainer, run)``: once, after the global model (fresh or resumed) is in the resident model.
+* ``sample_size(trainer, run, default) -> int``: how many clients the loop samples this round, given the previous
+  hook's answer (``clients_per_round`` first); the clock's deadline policy over-selects here. The privacy
+  accountant's cohort is the same number, computed from the config (fedhf/trainer/config/clock_policy.py).
 * ``select_clients(trainer, run, clients) -> clients``: the round's sampled clients, before anything else of the
   round; a hook returns the clients that take part (the simulated clock drops offline and late clients here; under
   FedBuff it answers its own dispatch instead). Each
@@ -79,6 +82,9 @@ class RoundHook:
     def on_train_begin(self, trainer, run) -> None:
         pass
 
+    def sample_size(self, trainer, run, default: int) -> int:
+        return default
+
     def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
         return list(clients)
 
@@ -131,6 +137,11 @@ class HookList(RoundHook):
     def on_train_begin(self, trainer, run) -> None:
         for hook in self.hooks:
             hook.on_train_begin(trainer, run)
+
+    def sample_size(self, trainer, run, default: int) -> int:
+        for hook in self.hooks:
+            default = hook.sample_size(trainer, run, default)
+        return default
 
     def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
         for hook in self.hooks:

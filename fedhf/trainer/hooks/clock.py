@@ -1,20 +1,24 @@
 """The simulated clock as a round hook: which clients a round uses, and how long it lasts in simulated seconds
-(docs/clock.md). The profiles and round policies are pure functions in fedhf/simulation/.
+(docs/clock.md). The profiles are pure functions in fedhf/simulation/; the round policy is the ``round_policy``
+registry's object (fedhf/simulation/rounds.py, built by fedhf/trainer/config/clock_policy.py), which this hook
+asks and never names: it keeps the clock's state, times the clients and applies the policy's answers to the run.
 
-Synchronous policies (``wait_all``, ``deadline``; the loop samples ceil((1 + over_selection) x clients_per_round)
-clients under the deadline policy, :func:`fedhf.trainer.config.clock_settings.sampled_per_round`): ``select_clients`` drops
-the clients that are offline this round (seeded per (seed, round, client)), times every online client - the
-broadcast over its downlink, its tokens at its compute speed, its message over its uplink - and keeps what the policy
-keeps. Dropped clients do not train here: their result would be discarded, so the global model is the same and the
-simulation skips the work (``sim_wasted_client_s`` counts what a deployment would have spent).
+The loop samples the policy's ``sample_size()`` clients (``sample_size`` here; the deadline policy over-selects
+ceil((1 + over_selection) x clients_per_round)).
 
-Buffered asynchronous aggregation (``fedbuff``): ``select_clients`` replaces the loop's sample by its dispatch: clients
-(in a seeded order of the online ones) until ``async_concurrency``
-are training; each trains now, from the current global model (its version), and ``on_client_message`` keeps its
-messages instead of summing them. ``after_sums`` then replaces the round's sums by the first
-``clients_per_round`` reports on the clock: each report's model change weighted by alpha(staleness), every other
-sum (a correction's or a state sync's change of the client's own state, the weight, the loss) entered once,
-unweighted. One round is one server update.
+Synchronous policies (``wait_all``, ``deadline``): ``select_clients`` drops the clients that are offline this round
+(seeded per (seed, round, client)), times every online client - the broadcast over its downlink, its tokens at its
+compute speed, its message over its uplink - and keeps what the policy's ``close_round`` keeps. Dropped clients do
+not train here: their result would be discarded, so the global model is the same and the simulation skips the work
+(``sim_wasted_client_s`` counts what a deployment would have spent).
+
+Buffered asynchronous aggregation (``fedbuff``, a policy whose ``buffered`` is True): ``select_clients`` replaces
+the loop's sample by its dispatch: clients (in a seeded order of the online ones) until the policy's
+``concurrency()`` are training; each trains now, from the current global model (its version), and
+``on_client_message`` keeps its messages instead of summing them. ``after_sums`` then replaces the round's sums by
+the reports the policy's ``close_round`` takes (the first ``clients_per_round`` on the clock): each report's model
+change weighted by the policy's ``report_weight(staleness)``, every other sum (a correction's or a state sync's
+change of the client's own state, the weight, the loss) entered once, unweighted. One round is one server update.
 
 Message sizes are the previous round's measured bytes per client (the dense size in the first round), so a round can
 be timed before it runs. The round's log gains ``sim_round_s``, ``sim_time_s`` (cumulative), ``sim_dropped``,
@@ -34,9 +38,9 @@ import torch
 from ...core.message import Message
 from ...core.params import TensorDict
 from ...core.schedule import sample_clients
-from ...simulation import (InFlight, RoundTiming, available_clients, client_seconds, csv_profiles, deadline_round,
-                          lognormal_profiles, next_arrivals, refill, staleness_weight, wait_for_all)
-from ..config.clock_settings import PROFILES, clock_on, concurrency, deadline_target
+from ...simulation import InFlight, available_clients, client_seconds, csv_profiles, lognormal_profiles, refill
+from ..config.clock_policy import round_policy_of
+from ..config.clock_settings import PROFILES, clock_on
 from ..config.privacy_settings import dp_on
 from .base import ClientMessages, RoundHook
 
@@ -81,7 +85,8 @@ class VirtualClock(RoundHook):
     def __init__(self, trainer) -> None:
         args = self.args = trainer.args
         self.on = clock_on(args)
-        self.buffered = self.on and args.round_policy == "fedbuff"
+        self.policy = round_policy_of(args)
+        self.buffered = self.on and self.policy.buffered
         self.seconds = 0.0
         self.timing, self.offline, self.dropped, self.staleness = None, 0, 0, []
         self.in_flight: List[InFlight] = []  # fedbuff: the clients training, in dispatch order
@@ -107,22 +112,22 @@ class VirtualClock(RoundHook):
         return client_seconds(self.profiles[cid], self.tokens[cid], self.uplink_bytes, self.downlink_bytes)
 
     # ------------------------------------------------------------------ which clients, how long
+    def sample_size(self, trainer, run, default: int) -> int:
+        return self.policy.sample_size() if self.on else default
+
     def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
         if not self.on:
             return list(clients)
         if self.buffered:
             run.started = self._dispatch(run.rounds_done)
             return list(run.started)
-        args, r = self.args, run.rounds_done
+        r = run.rounds_done
         online = available_clients(self.seed, r, clients, self.profiles)
         self.offline = len(clients) - len(online)
         offline = set(clients) - set(online)  # never began; the late ones drop after they began (the recovery's)
         run.started = [c for c in run.started if c not in offline]
         finish = {c: self._finish_time(c) for c in online}
-        if args.round_policy == "deadline":
-            self.timing = deadline_round(finish, args.round_deadline_s, deadline_target(args))
-        else:
-            self.timing = wait_for_all(finish)
+        self.timing = self.policy.close_round(finish, 0.0)  # timed from the round's start: every client begins now
         self.dropped = len(online) - len(self.timing.kept)
         return list(self.timing.kept)
 
@@ -132,7 +137,7 @@ class VirtualClock(RoundHook):
         order = sample_clients(self.seed, r, args.num_clients, args.num_clients)
         online = available_clients(self.seed, r, order, self.profiles)
         self.offline = len(order) - len(online)
-        new = refill(online, [f.client for f in self.in_flight], concurrency(args) - len(self.in_flight))
+        new = refill(online, [f.client for f in self.in_flight], self.policy.concurrency() - len(self.in_flight))
         self.in_flight += [InFlight(c, r, self.seconds + self._finish_time(c)) for c in new]
         return new
 
@@ -146,20 +151,20 @@ class VirtualClock(RoundHook):
         if not self.buffered:
             return
         self.in_flight = [f for f in self.in_flight if f.client in self.reports]  # excluded clients never report
-        arrived = next_arrivals(self.in_flight, self.args.clients_per_round)
+        self.timing = self.policy.close_round({f.client: f.finish for f in self.in_flight}, self.seconds)
+        by_client = {f.client: f for f in self.in_flight}  # a client is in flight at most once (refill)
+        arrived = [by_client[c] for c in self.timing.kept]  # in the order they arrive, as they enter the sums
         for key in sums.keys():
             if key not in KEPT_SUMS:
                 sums.pop(key)
         self.staleness = [run.rounds_done - f.version for f in arrived]
         for report, staleness in zip(arrived, self.staleness):
             message, nbytes = self.reports.pop(report.client)
-            alpha = staleness_weight(staleness)
+            alpha = self.policy.report_weight(staleness)
             for key, value in message.items():
                 sums.add(key, value.to(trainer.model_device), alpha if key.startswith("dx.") else 1.0)
             sums.add("uplink_bytes", nbytes)
         self.in_flight = [f for f in self.in_flight if f not in arrived]
-        end = max([self.seconds] + [f.finish for f in arrived])
-        self.timing = RoundTiming([f.client for f in arrived], end - self.seconds, 0.0)
 
     # ------------------------------------------------------------------ the log, the budget, the checkpoint
     def after_aggregate(self, trainer, run, sums, entry: dict) -> None:

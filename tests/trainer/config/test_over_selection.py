@@ -7,13 +7,14 @@ import math
 import types
 from fractions import Fraction
 
-from fedhf.trainer.config.clock_settings import sampled_per_round
+from fedhf.trainer.config.clock_policy import sampled_per_round
 from fedhf.trainer.config.privacy_settings import accounted_cohort
 
 
 def _args(per_round: int, over_selection: float):
     return types.SimpleNamespace(clock_profile="lognormal", round_policy="deadline", over_selection=over_selection,
-                                 clients_per_round=per_round, num_clients=10_000)
+                                 clients_per_round=per_round, num_clients=10_000, round_deadline_s=60.0,
+                                 async_concurrency=None, dp_mode="off", client_sampling="fixed")
 
 
 def test_the_over_selected_cohort_is_the_exact_ceiling_for_every_cohort_up_to_1000():

@@ -40,3 +40,34 @@ def test_a_users_hook_replaces_a_clients_message_before_the_sums(digits, tmp_pat
     assert [h["uplink_MB"] for h in trainer.federated_history] == [0.0, 0.0]  # fedavg sends nothing else
     assert [h["participants"] for h in trainer.federated_history] == [3, 3]
     assert seen.participants == [3.0, 3.0]  # after the all-reduce, before the server update, every round
+
+
+class _Plus(RoundHook):
+    def sample_size(self, trainer, run, default: int) -> int:
+        return default + 1
+
+
+class _Double(RoundHook):
+    def sample_size(self, trainer, run, default: int) -> int:
+        return 2 * default
+
+
+class _Cohorts(RoundHook):
+    def __init__(self) -> None:
+        self.sizes = []
+
+    def before_round(self, trainer, run) -> None:
+        self.sizes.append(len(run.cohort))
+
+
+def test_the_sample_size_is_each_hooks_answer_to_the_previous_and_the_loop_samples_it(digits, tmp_path):
+    from fedhf.trainer.hooks.base import HookList
+
+    assert HookList([_Double(), _Plus()]).sample_size(None, None, 3) == 7  # in list order: 2 x 3 + 1
+    assert HookList([_Plus(), _Double()]).sample_size(None, None, 3) == 8
+    assert HookList([RoundHook()]).sample_size(None, None, 3) == 3  # a hook that does not answer keeps it
+    seen = _Cohorts()
+    trainer = digit_trainer(tiny_resnet(), digits, config(tmp_path, num_clients=5, clients_per_round=2, num_rounds=2,
+                                                          local_steps=1), evaluate=False, round_hooks=[_Plus(), seen])
+    trainer.train()
+    assert seen.sizes == [3, 3]  # clients_per_round 2, one more asked by the hook
