@@ -17,7 +17,7 @@ from fedhf.core.params import trainable_parameters  # noqa: E402
 from fedhf.flower import build_client_app, build_server_app  # noqa: E402
 from fedhf.flower.node_round import STORE  # noqa: E402
 
-from .tiny_app import app_module, one_thread, run_config, simulate  # noqa: E402
+from .tiny_app import app_module, max_difference, one_thread, run_config, simulate  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -78,6 +78,29 @@ def test_the_bridge_ends_with_the_simulations_model(tmp_path, algorithm):
     assert grid.messages == 4  # 2 rounds x 2 nodes (3 of 4 clients sampled: both nodes hold one in each round)
     if algorithm == "scaffold":  # c_i kept where Flower keeps node state, between rounds
         assert all(STORE in context.state for context in contexts.values())
+
+
+VARIANTS = [  # (algorithm, more settings): what each exercises on the bridge
+    ("fedmuon", {}),  # Muon's Newton-Schulz steps on the nodes
+    ("fedpac_muon", {}),  # Thetabar broadcast: the state-sync message and its server half
+    ("desloc", {}),  # each client's whole optimizer state kept in its node's Context.state
+    ("fadam_gt", {}),  # gradient tracking: correction state both sides
+    ("fedadam", {}),  # server optimizer state, in the ServerApp
+    ("fedavg", {"server_rule": "median"}),  # a robust rule: each client's update travels, gathered in client order
+    ("fedavg", {"server_rule": "fedex_lora"}),  # the base weights' residual folded and broadcast
+    ("fedavg", {"lora_client_ranks": [2, 4, 4, 2], "server_rule": "flexlora"}),  # heterogeneous ranks
+    ("fedavg", {"uplink_compression": "int8", "error_feedback": True}),  # residuals in Context.state
+    ("fedavg", {"downlink_compression": "int8"}),  # the clients receive the server's x_hat
+]
+
+
+@pytest.mark.parametrize("algorithm, settings", VARIANTS, ids=lambda v: str(v))
+def test_more_of_fedhf_ends_with_the_simulations_model(tmp_path, algorithm, settings):
+    deployed, _, _ = run_bridge(tmp_path, algorithm, settings)
+    simulated = simulate(algorithm, str(tmp_path / "simulated"), **settings)
+    initial = {n: p.detach() for n, p in trainable_parameters(app_module().model()).items()}
+    assert max_difference(simulated, initial) > 0
+    assert max_difference(deployed, simulated) == 0.0
 
 
 def other_model(context, partition_ids):
