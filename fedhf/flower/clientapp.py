@@ -1,10 +1,10 @@
-"""The ClientApp: a Flower node running fedhf's client half (Flower's Message API, ``@app.query``/``@app.train``).
+"""The ClientApp: a Flower node running fedhf's client half (Flower's Message API, ``@app.train``).
 
 ``make_trainer(context, partition_ids)`` builds the node's :class:`fedhf.FederatedTrainer`, the one the simulation
 would build, holding at least the rows of its clients. Which clients a node trains is its node config's
-``partition-ids`` (``flower-supernode --node-config "partition-ids='0,1'"``). A train message is one round: the node checks the
-server's model against its own (a clear error naming the node), trains the round's sampled clients among its ids
-(fedhf/flower/node_round.py) and answers its ids with each client's sums.
+``partition-ids`` (``flower-supernode --node-config "partition-ids='0,1'"``). A train message is one round: the
+node checks the server's model against its own (a clear error naming the node), trains the round's sampled clients
+among its ids (fedhf/flower/node_round.py) and answers its ids with each client's sums.
 """
 
 from __future__ import annotations

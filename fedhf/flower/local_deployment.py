@@ -134,14 +134,3 @@ def _wait_for_port(port: int, deployment: LocalDeployment, name: str, timeout: f
         time.sleep(0.2)
     raise RuntimeError(f"the {name} did not listen on port {port}:\n{deployment.log(name)[-3000:]}")
 
-
-def wait_for_file(path: str, deployment: LocalDeployment, timeout: float) -> None:
-    """Until the run writes ``path`` (its last act), or a process dies, or ``timeout`` s pass."""
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        dead = [p.args[0] for p in deployment.processes if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            logs = "\n".join(f"--- {n}\n{deployment.log(n)[-4000:]}" for n in
-                             ["superlink"] + [f"supernode-{i}" for i in range(len(deployment.processes) - 1)])
-            raise RuntimeError(f"no {path} after {timeout:.0f} s (ended: {dead}); logs:\n{logs}")
-        time.sleep(0.5)
