@@ -32,6 +32,7 @@ RULES: Dict[str, Set[str]] = {
     "trainer": BELOW_THE_TRAINER,  # nothing below imports the trainer
     "": BELOW_THE_TRAINER | {"trainer"},  # the package's top: __init__, cli, recipes
     "interactions": BELOW_THE_TRAINER | {"trainer"},  # the interaction matrix runs the trainer; nothing imports it
+    "flower": BELOW_THE_TRAINER | {"trainer"},  # the Flower bridge (an optional extra) runs it; nothing imports it
 }
 TOP_LEVEL_MODULES = {"__init__", "__main__", "version", "cli", "recipes", "testing"}  # testing: checks for users' hooks
 

@@ -1,0 +1,130 @@
+"""The bridge's ServerApp and ClientApp in one process, through an in-process stand-in for Flower's Grid (no
+transport: each message is handed to the node's ClientApp with that node's own Context, as a SuperNode does). Fast
+checks of what tests/flower/test_parity.py checks over real processes, and of the errors a bad node gets."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+pytest.importorskip("flwr")
+
+import torch  # noqa: E402
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+
+from fedhf.core.params import trainable_parameters  # noqa: E402
+from fedhf.flower import build_client_app, build_server_app  # noqa: E402
+from fedhf.flower.node_round import STORE  # noqa: E402
+
+from .tiny_app import app_module, max_difference, one_thread, run_config, simulate  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def task_identity(monkeypatch):
+    """Flower's ServerApp process knows its run and node (a message's sender); here each test sets them, restored
+    after."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+class InProcessGrid:
+    """What RemoteClients uses of a Grid: the node ids, and send_and_receive (an exception becomes an error reply,
+    as a SuperNode reports a failed ClientApp)."""
+
+    def __init__(self, client_app, contexts) -> None:
+        self.client_app, self.contexts, self.messages = client_app, contexts, 0
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for message in messages:
+            self.messages += 1
+            try:
+                replies.append(self.client_app(message, self.contexts[message.metadata.dst_node_id]))
+            except Exception as error:  # noqa: BLE001 -- the node's failure, reported to the server
+                replies.append(Message(Error(code=0, reason=f"{type(error).__name__}: {error}"), reply_to=message))
+        return replies
+
+
+def run_bridge(tmp_path, algorithm, settings=None, nodes=((0, 1), (2, 3)), node_factory=None, num_rounds=2):
+    """The app's ServerApp over its ClientApps in this process (one thread, as the deployment's processes)."""
+    make = functools.partial(app_module().make_trainer, **(settings or {}))
+    config = run_config(algorithm, str(tmp_path / "bridge"), num_rounds=num_rounds, min_nodes=len(nodes))
+    contexts = {10 + i: Context(run_id=1, node_id=10 + i, node_config={"partition-ids": ",".join(map(str, ids))},
+                                state=RecordDict(), run_config=config) for i, ids in enumerate(nodes)}
+    grid = InProcessGrid(build_client_app(node_factory or make), contexts)
+    result = {}
+
+    def keep(trainer, context):
+        result.update({n: p.detach().clone() for n, p in trainable_parameters(trainer.model).items()})
+
+    server = build_server_app(make, finish=keep, timeout=5.0)
+    with one_thread():
+        server(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config))
+    return result, grid, contexts
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_the_bridge_ends_with_the_simulations_model(tmp_path, algorithm):
+    deployed, grid, contexts = run_bridge(tmp_path, algorithm)
+    simulated = simulate(algorithm, str(tmp_path / "simulated"))
+    assert sorted(deployed) == sorted(simulated)
+    assert all(torch.equal(deployed[n], simulated[n]) for n in simulated)
+    assert grid.messages == 4  # 2 rounds x 2 nodes (3 of 4 clients sampled: both nodes hold one in each round)
+    if algorithm == "scaffold":  # c_i kept where Flower keeps node state, between rounds
+        assert all(STORE in context.state for context in contexts.values())
+
+
+VARIANTS = [  # (algorithm, more settings): what each exercises on the bridge
+    ("fedmuon", {}),  # Muon's Newton-Schulz steps on the nodes
+    ("fedpac_muon", {}),  # Thetabar broadcast: the state-sync message and its server half
+    ("desloc", {}),  # each client's whole optimizer state kept in its node's Context.state
+    ("fadam_gt", {}),  # gradient tracking: correction state both sides
+    ("fedadam", {}),  # server optimizer state, in the ServerApp
+    ("fedavg", {"server_rule": "median"}),  # a robust rule: each client's update travels, gathered in client order
+    ("fedavg", {"server_rule": "fedex_lora"}),  # the base weights' residual folded and broadcast
+    ("fedavg", {"lora_client_ranks": [2, 4, 4, 2], "server_rule": "flexlora"}),  # heterogeneous ranks
+    ("fedavg", {"uplink_compression": "int8", "error_feedback": True}),  # residuals in Context.state
+    ("fedavg", {"downlink_compression": "int8"}),  # the clients receive the server's x_hat
+]
+
+
+@pytest.mark.parametrize("algorithm, settings", VARIANTS, ids=lambda v: str(v))
+def test_more_of_fedhf_ends_with_the_simulations_model(tmp_path, algorithm, settings):
+    deployed, _, _ = run_bridge(tmp_path, algorithm, settings)
+    simulated = simulate(algorithm, str(tmp_path / "simulated"), **settings)
+    initial = {n: p.detach() for n, p in trainable_parameters(app_module().model()).items()}
+    assert max_difference(simulated, initial) > 0
+    assert max_difference(deployed, simulated) == 0.0
+
+
+def other_model(context, partition_ids):
+    """A node whose adapter is on q_proj only: other trainable tensors than the server's."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    trainer = app_module().make_trainer(context, partition_ids)
+    model = get_peft_model(app_module().model().unload(), LoraConfig(r=4, target_modules=["q_proj"],
+                                                                     task_type=TaskType.CAUSAL_LM))
+    return type(trainer)(model=model, args=trainer.args, train_dataset=trainer.train_dataset,
+                         data_collator=trainer.data_collator)
+
+
+def test_a_node_with_another_model_gets_an_error_naming_it(tmp_path):
+    with pytest.raises(RuntimeError, match=r"round 1: node 1[01] failed: .*node 1[01] \(partition-ids \[.*\]\): "
+                                           r"the server's model does not match this node's"):
+        run_bridge(tmp_path, "fedavg", node_factory=other_model)
+
+
+def test_a_client_no_node_holds_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"no connected node holds clients \[3\]"):
+        run_bridge(tmp_path, "fedavg", {"clients_per_round": 4}, nodes=((0, 1), (2,)), num_rounds=1)
+
+
+def test_a_refused_setting_stops_the_run_before_any_node_works(tmp_path):
+    with pytest.raises(ValueError, match="batched_clients"):
+        run_bridge(tmp_path, "fedavg", {"batched_clients": 2})
