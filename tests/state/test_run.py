@@ -81,3 +81,28 @@ def test_a_checkpoint_written_before_a_settings_field_was_fingerprinted_resumes_
     args = config(tmp_path)
     older = {k: v for k, v in fingerprint(args, args.build_algorithm()).items() if k not in fields}
     check_fingerprint("ckpt", {"fingerprint": older}, fingerprint(args, args.build_algorithm()))
+
+
+def test_a_subclass_of_the_config_fingerprints_the_same_fields(tmp_path):
+    """FederatedSFTConfig (bases FederatedConfig and trl's SFTConfig) and a user's subclass keep FederatedConfig's
+    settings groups: none of the TrainingArguments fields (output_dir, logging_steps, hub_token) enters the
+    fingerprint, which meta.json must hold (an AcceleratorConfig could not be written), and a resume into another
+    output_dir with another logging cadence is accepted."""
+    import json
+
+    from fedhf.trainer.sft import FederatedSFTConfig
+
+    @dataclasses.dataclass
+    class UserConfig(FederatedConfig):
+        note: str = ""
+
+    expected = fingerprint_fields(FederatedConfig)
+    assert FederatedSFTConfig.settings_bases() == UserConfig.settings_bases() == settings_bases(FederatedConfig)
+    common = dict(report_to="none", use_cpu=True, bf16=False, num_clients=2, num_rounds=2, local_steps=1)
+    for cls in (FederatedSFTConfig, UserConfig):
+        args = cls(output_dir=str(tmp_path / "run"), hub_token="hf_not_shown", **common)
+        assert args.fingerprint_fields() == expected, cls.__name__
+        stored = json.loads(json.dumps({"fingerprint": fingerprint(args, args.build_algorithm())}))
+        assert "hf_not_shown" not in json.dumps(stored)
+        other = cls(output_dir=str(tmp_path / "elsewhere"), logging_steps=7, **common)
+        check_fingerprint("ckpt", stored, fingerprint(other, other.build_algorithm()))
