@@ -32,8 +32,12 @@ ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity
                 "secagg_range": None, "dp_min_survivors": None, "dp_reproducible_noise": False, "clock_profile": None,
                 "clock_tokens_per_s": 2000.0, "clock_uplink_mbps": 5.0, "clock_downlink_mbps": 20.0,
                 "clock_spread": 1.0, "clock_availability": 1.0, "round_policy": "wait_all", "round_deadline_s": None,
-                "over_selection": 0.0, "async_concurrency": None, "dp_adaptive_clip_lr": 0.2,
-                "dp_adaptive_clip_count_std": None, "min_partition_size": 1, "partition_encoder": None}
+                "over_selection": 0.0}
+#: Fields fingerprinted only after checkpoints were written with them set (the fingerprint was then a hand-kept list
+#: that missed them): a checkpoint without one may hold any value, so it is not compared (the run resumes with the
+#: value given now, as it did before they were fingerprinted), rather than refused at a default it may not have had.
+UNRECORDED_FIELDS = ("async_concurrency", "dp_adaptive_clip_lr", "dp_adaptive_clip_count_std", "min_partition_size",
+                     "partition_encoder")
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params", "compression_state")
@@ -81,7 +85,8 @@ def fingerprint(args, algorithm) -> dict:
 
 
 def check_fingerprint(path: str, meta: dict, expected: dict) -> None:
-    stored = {**ADDED_FIELDS, **meta.get("fingerprint", {})}
+    recorded = meta.get("fingerprint", {})
+    stored = {**ADDED_FIELDS, **{k: expected[k] for k in UNRECORDED_FIELDS if k in expected}, **recorded}
     mismatched = sorted(k for k in expected if stored.get(k) != expected[k])
     if mismatched:
         details = "; ".join(f"{k}: checkpoint {stored.get(k)!r}, now {expected[k]!r}" for k in mismatched)

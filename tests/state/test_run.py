@@ -10,7 +10,7 @@ import re
 import pytest
 
 from fedhf import FederatedConfig
-from fedhf.state.run import ADDED_FIELDS, check_fingerprint, fingerprint
+from fedhf.state.run import ADDED_FIELDS, UNRECORDED_FIELDS, check_fingerprint, fingerprint
 from fedhf.trainer.config.resume_fields import RESUMABLE, fingerprint_fields, settings_bases
 
 from tests.helpers import config
@@ -73,11 +73,51 @@ def test_every_settings_field_is_fingerprinted_or_declared_resumable():
 
 
 def test_a_checkpoint_written_before_a_settings_field_was_fingerprinted_resumes_at_its_default(tmp_path):
-    """Each settings field fingerprinted after the first checkpoints has its default in ADDED_FIELDS."""
+    """Each settings field fingerprinted after the first checkpoints has its default in ADDED_FIELDS, or is one that
+    checkpoints were written with before it was fingerprinted (UNRECORDED_FIELDS: its value unknown)."""
     first = {"partition", "partition_column", "dirichlet_alpha"}  # in the fingerprint since checkpoints exist
     fields = {name: f for name, f in _settings_fields().items() if name not in RESUMABLE and name not in first}
+    assert not set(ADDED_FIELDS) & set(UNRECORDED_FIELDS)
     for name, f in fields.items():
-        assert name in ADDED_FIELDS and ADDED_FIELDS[name] == f.default, name
+        assert name in UNRECORDED_FIELDS or (name in ADDED_FIELDS and ADDED_FIELDS[name] == f.default), name
     args = config(tmp_path)
     older = {k: v for k, v in fingerprint(args, args.build_algorithm()).items() if k not in fields}
     check_fingerprint("ckpt", {"fingerprint": older}, fingerprint(args, args.build_algorithm()))
+
+
+def test_a_subclass_of_the_config_fingerprints_the_same_fields(tmp_path):
+    """FederatedSFTConfig (bases FederatedConfig and trl's SFTConfig) and a user's subclass keep FederatedConfig's
+    settings groups: none of the TrainingArguments fields (output_dir, logging_steps, hub_token) enters the
+    fingerprint, which meta.json must hold (an AcceleratorConfig could not be written), and a resume into another
+    output_dir with another logging cadence is accepted."""
+    import json
+
+    from fedhf.trainer.sft import FederatedSFTConfig
+
+    @dataclasses.dataclass
+    class UserConfig(FederatedConfig):
+        note: str = ""
+
+    expected = fingerprint_fields(FederatedConfig)
+    assert FederatedSFTConfig.settings_bases() == UserConfig.settings_bases() == settings_bases(FederatedConfig)
+    common = dict(report_to="none", use_cpu=True, bf16=False, num_clients=2, num_rounds=2, local_steps=1)
+    for cls in (FederatedSFTConfig, UserConfig):
+        args = cls(output_dir=str(tmp_path / "run"), hub_token="hf_not_shown", **common)
+        assert args.fingerprint_fields() == expected, cls.__name__
+        stored = json.loads(json.dumps({"fingerprint": fingerprint(args, args.build_algorithm())}))
+        assert "hf_not_shown" not in json.dumps(stored)
+        other = cls(output_dir=str(tmp_path / "elsewhere"), logging_steps=7, **common)
+        check_fingerprint("ckpt", stored, fingerprint(other, other.build_algorithm()))
+
+
+def test_a_checkpoint_written_before_async_concurrency_was_fingerprinted_resumes_with_its_value(tmp_path):
+    """A checkpoint of the hand-kept fingerprint (no async_concurrency, min_partition_size, ...) may have been written
+    with any value of them: resumed with the same non-default values it is accepted, not refused at the default; a
+    checkpoint that records them still refuses another value."""
+    args = config(tmp_path, **FEDBUFF, async_concurrency=6, min_partition_size=2, dp_adaptive_clip_lr=0.5)
+    now = fingerprint(args, args.build_algorithm())
+    older = {k: v for k, v in now.items() if k not in UNRECORDED_FIELDS}
+    check_fingerprint("ckpt", {"fingerprint": older}, now)
+    other = config(tmp_path, **FEDBUFF, async_concurrency=6, min_partition_size=3, dp_adaptive_clip_lr=0.5)
+    with pytest.raises(ValueError, match="min_partition_size: checkpoint 2, now 3"):
+        check_fingerprint("ckpt", {"fingerprint": now}, fingerprint(other, other.build_algorithm()))

@@ -81,7 +81,7 @@ def budget_reached(args, entry: dict) -> bool:
 
 def check_clock_fields(args) -> None:
     """Each clock field's value, with the fix named; the combinations that cannot work are rows of the refusal
-    table (fedhf/trainer/config/combinations.py)."""
+    table (fedhf/trainer/config/combinations/)."""
     on, profile = clock_on(args), args.clock_profile
     checks = [
         (not on or profile in PROFILES or os.path.isfile(str(profile)),

@@ -177,7 +177,7 @@ def secagg_codec(args, z_sums: Optional[float]) -> SecAggCodec:
 
 def check_privacy_fields(args) -> None:
     """Each privacy field's value, with the fix named; the pairs that cannot work are rows of the refusal table
-    (fedhf/trainer/config/combinations.py), and what the budget allows is :func:`check_privacy_budget`."""
+    (fedhf/trainer/config/combinations/), and what the budget allows is :func:`check_privacy_budget`."""
     checks = [
         (args.client_sampling in SAMPLINGS, not_one_of("client_sampling", args.client_sampling, SAMPLINGS)),
         (args.dp_mode in DP_MODES, not_one_of("dp_mode", args.dp_mode, DP_MODES)),

@@ -31,10 +31,13 @@ RUN_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "
 
 
 def settings_bases(config_class: type) -> List[type]:
-    """The settings groups ``config_class`` (FederatedConfig) is composed of: its dataclass bases but
-    TrainingArguments, in declaration order."""
-    return [base for base in config_class.__bases__
-            if dataclasses.is_dataclass(base) and base is not TrainingArguments]
+    """The settings groups ``config_class`` (FederatedConfig or a subclass) is composed of: the dataclasses of its
+    MRO that are not TrainingArguments (in declaration order). Read from the MRO, not ``__bases__``: a subclass's
+    bases are FederatedConfig itself (and trl's SFTConfig for FederatedSFTConfig), whose every TrainingArguments
+    field would otherwise be fingerprinted (output_dir, logging, hub_token: a resume refused, or meta.json unwritable
+    for AcceleratorConfig)."""
+    return [base for base in config_class.__mro__
+            if dataclasses.is_dataclass(base) and not issubclass(base, TrainingArguments)]
 
 
 def fingerprint_fields(config_class: type) -> Tuple[str, ...]:

@@ -117,7 +117,7 @@ class ShardedClients(ClientParallelClients):
 
 
 def choose_runner(trainer) -> Runner:
-    """The runner this trainer's settings ask for (their combinations are checked before, fedhf/trainer/config/combinations.py)."""
+    """The runner this trainer's settings ask for (their combinations are checked before, fedhf/trainer/config/combinations/)."""
     from .batched_round import BatchedClients
 
     args, world = trainer.args, trainer.world

@@ -12,7 +12,7 @@ The clients' optimizer steps run together where they can share work: BatchedMuon
 the chunk's clients in one batched call (fedhf/optim/newton_schulz_pool.py). Personalised evaluation runs C
 clients' held-out rows per stacked forward (:meth:`BatchedClients.evaluate_clients`).
 
-What cannot be shared is refused when the trainer is built (fedhf/trainer/config/combinations.py), with the fix named.
+What cannot be shared is refused when the trainer is built (fedhf/trainer/config/combinations/), with the fix named.
 Dropout draws its masks for the concatenated batch from the chunk's own random stream (seeded per chunk, continued
 across its local steps: fresh masks at every step), the same distribution as sequential clients but another stream,
 so bit-equality with sequential training needs a model without active dropout.

@@ -28,7 +28,7 @@ Counted once: every process ends the round with the same client messages, so onl
 round's sums (the others add into a sums object that is dropped); the round's all-reduce then carries each client
 exactly once (were every process to add them, each client would count world-size times).
 
-Refused before any work (fedhf/trainer/config/combinations.py): ``batched_clients > 1`` (its stacked copies split the
+Refused before any work (fedhf/trainer/config/combinations/): ``batched_clients > 1`` (its stacked copies split the
 rows by client already), models with averaged buffers (BatchNorm statistics of a shard are not those of the
 batch), a ``compute_loss_func`` (the shard weighting needs the model's own mean loss). With ``fsdp`` the model is
 also sharded over the processes (fedhf/runtime/sharded.py): FSDP's reduce-scatter then sums the gradients into each

@@ -164,7 +164,7 @@ class LocalSteps:
             if loss_items(micro_batches[0], shifted) == 0:
                 return 0.0
             return trainer.training_step(trainer.model, self._head_at_labels(micro_batches[0])).double()
-        # a compute_loss_func with G > 1 is refused when the trainer is built (fedhf/trainer/config/combinations.py)
+        # a compute_loss_func with G > 1 is refused when the trainer is built (fedhf/trainer/config/combinations/)
         items = [loss_items(batch, shifted) for batch in micro_batches]
         loss = 0.0
         for batch, n in zip(micro_batches, items):
