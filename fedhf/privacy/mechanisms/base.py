@@ -6,7 +6,7 @@ arXiv:1710.06963) releases, each round, the sum of the clients' messages, each c
 Gaussian noise of std z C. What a mechanism decides, and declares here:
 
 * what it clips: the whole message, jointly, to C (:meth:`DPMechanism.clip`), and with adaptive clipping the
-  clients' centred bits and the server's update of C from their noised count (Andrew et al., NeurIPS 2021,
+  server's update of C from the noised count of the clients' centred bits (Andrew et al., NeurIPS 2021,
   arXiv:1905.03871; :meth:`DPMechanism.next_clip_norm`);
 * where the noise is added and how much: :attr:`~DPMechanism.noise_on_clients` / :attr:`~DPMechanism.noise_on_server`
   with :meth:`~DPMechanism.client_noise_std` and :meth:`~DPMechanism.server_noise_std` per element, drawn by
@@ -33,7 +33,7 @@ from typing import ClassVar, Dict, Mapping, Optional, Tuple
 import torch
 
 from ..accountant import PrivacyAccountant, adaptive_noise_split, calibrate_noise
-from ..clipping import adaptive_clip_update, centred_bit, clip_jointly
+from ..clipping import adaptive_clip_update, clip_jointly
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,9 @@ class DPMechanism(ABC):
         """Every tensor scaled by one factor to joint norm <= C; and the norm before."""
         return clip_jointly(tensors, clip_norm)
 
-    def clip_bit(self, norm: float, clip_norm: float) -> float:
-        """Adaptive clipping's report: the centred bit [norm <= C] - 1/2."""
-        return centred_bit(norm, clip_norm)
-
     def next_clip_norm(self, clip_norm: float, centred_count: float, generator: torch.Generator) -> float:
+        """Adaptive clipping's next C from the sum of the clients' centred bits (clipping.py's ``centred_bit``, which
+        each client sends beside its message whatever the mechanism)."""
         return noised_clip_update(clip_norm, centred_count, self.plan, generator)
 
     # ------------------------------------------------------------------ the noise

@@ -46,6 +46,7 @@ import torch
 from ...core.message import Message
 from ...core.params import TensorDict
 from ...core.schedule import stream_seed
+from ...privacy import centred_bit
 from ...privacy.secagg import masked_bytes
 from ...privacy.secret import draw_secret
 from ...runtime.processes import value_of_the_main_process
@@ -194,8 +195,8 @@ class Privacy(RoundHook):
         if self.dp:
             if self.mechanism.noise_on_clients:
                 items = self._noise_share(items, ctx)
-            if self.mechanism.adaptive:  # Andrew et al.: b_i, summed with noise
-                sent.components["dp"] = Message().put_scalar("below", self.mechanism.clip_bit(norm, self.round_clip))
+            if self.mechanism.adaptive:  # Andrew et al.: b_i, summed; the mechanism noises the count
+                sent.components["dp"] = Message().put_scalar("below", centred_bit(norm, self.round_clip))
         if self.secure:
             encoded = self.codec.quantise(items, ctx.round, ctx.client_id)
             masked = self.codec.mask(encoded, ctx.round, ctx.client_id, self.cohort)
