@@ -8,9 +8,8 @@ server half), is clipped jointly to L2 norm C (under secure aggregation after pa
 keys a client did not send with zeros: the secure sum needs one layout from every client); under distributed DP
 the client adds its noise share; under secure aggregation the result is quantised and masked, after a check that
 no element of the data lies outside the codec's range (a clamp would change the sum silently: the run stops naming
-``secagg_range``). The drift diagnostics are not
-sent under DP; the client's training loss is not sent under DP or secure aggregation (the history's ``train_loss``
-is then NaN).
+``secagg_range``). The drift diagnostics are not sent under DP; the client's training loss is not sent under DP or
+secure aggregation (the history's ``train_loss`` is then NaN).
 
 On the sums (``after_sums``, before any server half reads them): secure aggregation's sum is unmasked (dropped
 clients' masks removed) and decoded; under central DP Gaussian noise of std z C is added to every protected sum
@@ -315,7 +314,8 @@ class Privacy(RoundHook):
             entry.pop(key, None)
         entry.update({"dp_epsilon": self.accountant.step(), "dp_noise_multiplier": self.z,
                       "dp_clip_norm": self.round_clip})
-        entry.update(self.mechanism.release_report(self.accountant))  # distributed: the epsilon against the server
+        entry.update(self.mechanism.release_report(self.accountant))  # e.g. the epsilon against a server that
+        # knows the cohort (distributed DP)
 
     def after_round(self, trainer, run, entry: dict) -> bool:
         return self.next_round_over_budget()
