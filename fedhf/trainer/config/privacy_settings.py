@@ -1,7 +1,7 @@
 """The privacy settings: their fields (:class:`PrivacySettings`, a base of ``FederatedConfig``), their values,
-checked when the config is made (before any work), and what follows from them: the delta, the expected cohort, the
-noise multiplier (given, or calibrated from a target epsilon for the planned rounds and sampling) and the
-secure-aggregation codec's range. The round hook is fedhf/trainer/hooks/privacy.py."""
+checked when the config is made (before any work), and what follows from them: the delta, the cohorts, the
+mechanism of the ``dp_mode`` with its plan (:func:`dp_mechanism`: the noise, its calibration and accountant live in
+fedhf/privacy/mechanisms/) and the secure-aggregation codec's range. The round hook: fedhf/trainer/hooks/privacy.py."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ...privacy import ACCOUNTANTS, SAMPLINGS, PrivacyAccountant, adaptive_noise_split, calibrate_noise
+from ...privacy import ACCOUNTANTS, SAMPLINGS
+from ...privacy.mechanisms import MECHANISMS, DPMechanism, MechanismPlan, build_mechanism
 from ...privacy.secagg import SecAggCodec
 from .clock_policy import sampled_per_round
 from ...core.choices import not_one_of
 
-DP_MODES = ("off", "central", "distributed")
+DP_MODES = ("off", *MECHANISMS)  # "off", then each registered mechanism (fedhf/privacy/mechanisms/)
 
 
 @dataclass
@@ -130,46 +131,34 @@ def expected_cohort(args) -> int:
     return accounted_cohort(args) if args.client_sampling == "poisson" else args.clients_per_round
 
 
-def noise_multiplier(args) -> float:
-    """z, the accounted noise multiplier: the given one, else calibrated to reach ``dp_epsilon`` after
-    ``num_rounds`` rounds from below."""
-    if args.dp_noise_multiplier is not None:
-        return float(args.dp_noise_multiplier)
-    return calibrate_noise(args.dp_epsilon, dp_delta(args), args.num_rounds, args.client_sampling,
-                           args.num_clients, accounted_cohort(args), args.dp_accountant)
-
-
-def sums_noise_multiplier(args, z: float) -> float:
-    """The noise multiplier the sums get: z, or with adaptive clipping the part left after the count's share."""
-    if args.dp_adaptive_clip_quantile is None:
-        return z
-    return adaptive_noise_split(z, count_std(args))
-
-
 def min_survivors(args) -> int:
     """Distributed DP: the fewest survivors whose shares carry the accounted noise (default the whole cohort)."""
     return args.dp_min_survivors if args.dp_min_survivors is not None else args.clients_per_round
 
 
-def share_noise_multiplier(args, z_sums: float) -> float:
-    """Distributed DP: one client's share of the noise, per unit of C: z / sqrt(S_min), so that any S_min or more
-    surviving shares sum to at least the accounted z C."""
-    return z_sums / math.sqrt(min_survivors(args))
+def mechanism_plan(args) -> MechanismPlan:
+    """The numbers the ``dp_mode``'s mechanism is built from, with the settings' defaults resolved."""
+    return MechanismPlan(delta=dp_delta(args), rounds=args.num_rounds, sampling=args.client_sampling,
+                         num_clients=args.num_clients, cohort=accounted_cohort(args),
+                         expected_cohort=expected_cohort(args), accountant=args.dp_accountant,
+                         noise_multiplier=args.dp_noise_multiplier, target_epsilon=args.dp_epsilon,
+                         min_survivors=min_survivors(args), adaptive_quantile=args.dp_adaptive_clip_quantile,
+                         adaptive_lr=args.dp_adaptive_clip_lr, count_std=count_std(args))
 
 
-def accountant(args, z: float) -> PrivacyAccountant:
-    return PrivacyAccountant(z, dp_delta(args), args.client_sampling, args.num_clients, accounted_cohort(args),
-                             args.dp_accountant)
+def dp_mechanism(args) -> DPMechanism:
+    """The mechanism of ``dp_mode`` (not "off"), built from the run's plan."""
+    return build_mechanism(args.dp_mode, mechanism_plan(args))
 
 
 def secagg_codec(args, z_sums: Optional[float]) -> SecAggCodec:
-    """The codec's range: ``secagg_range`` if set; else under DP the clip norm C (no element of a clipped message
-    exceeds it), widened by 4 noise stds under distributed DP; else 8.0 (Flower's default clipping range)."""
+    """The codec's range: ``secagg_range`` if set; else under DP what the mechanism's clipped (and noised) messages
+    need (the clip norm C, widened by 4 noise stds of a client's share under distributed DP); else 8.0 (Flower's
+    default clipping range)."""
     if args.secagg_range is not None:
         clip_range = args.secagg_range
     elif dp_on(args):
-        share = share_noise_multiplier(args, z_sums) if args.dp_mode == "distributed" else 0.0
-        clip_range = args.dp_clip_norm * (1.0 + 4.0 * share)
+        clip_range = dp_mechanism(args).codec_range(z_sums, args.dp_clip_norm)
     else:
         clip_range = 8.0
     return SecAggCodec(args.secagg_bits, clip_range, args.seed)
@@ -201,18 +190,18 @@ def check_privacy_fields(args) -> None:
 def check_privacy_budget(args) -> None:
     """What the noise and the budget allow (after the refusal table's settings rows: the accountant needs a valid
     pairing of sampling and accountant)."""
-    on = dp_on(args)
-    if on and args.dp_adaptive_clip_quantile is not None:
-        z = args.dp_noise_multiplier if args.dp_noise_multiplier is not None else None
-        if z is not None:
-            adaptive_noise_split(z, count_std(args))  # raises with the fix when the count's noise is too small
-    if on and args.dp_noise_multiplier is not None and args.dp_epsilon is not None:
-        first = accountant(args, args.dp_noise_multiplier).epsilon(1)
+    if not dp_on(args):
+        return
+    mechanism = dp_mechanism(args)
+    if mechanism.adaptive and args.dp_noise_multiplier is not None:  # raises, naming the fix, when the count's
+        mechanism.sums_noise_multiplier(args.dp_noise_multiplier)  # noise is too small for the split
+    if args.dp_noise_multiplier is not None and args.dp_epsilon is not None:
+        first = mechanism.accountant(args.dp_noise_multiplier).epsilon(1)
         if args.dp_stop_at_budget and first > args.dp_epsilon:  # the run would stop before its first round
             raise ValueError(f"one round at dp_noise_multiplier={args.dp_noise_multiplier} spends epsilon {first:.3g} "
                              f"> dp_epsilon={args.dp_epsilon}: not even the first round fits the budget; raise "
                              "dp_noise_multiplier, or leave it unset to calibrate it to dp_epsilon.")
-        planned = accountant(args, args.dp_noise_multiplier).epsilon(args.num_rounds)
+        planned = mechanism.accountant(args.dp_noise_multiplier).epsilon(args.num_rounds)
         if planned > args.dp_epsilon and not args.dp_stop_at_budget:
             raise ValueError(f"`num_rounds={args.num_rounds}` with dp_noise_multiplier={args.dp_noise_multiplier} "
                              f"spends epsilon {planned:.3g} > dp_epsilon={args.dp_epsilon}: set "

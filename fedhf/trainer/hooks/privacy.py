@@ -1,13 +1,15 @@
-"""Client-level differential privacy and secure aggregation as one round hook (the math: fedhf/privacy/).
+"""Client-level differential privacy and secure aggregation as one round hook (the math: fedhf/privacy/). The hook is
+the adapter of the ``dp_mode``'s mechanism (fedhf/privacy/mechanisms/: what is clipped, where the noise is added and
+how much, its accountant, what a round releases); it asks the mechanism and never names a mode.
 
 Per client (``on_client_message``, after every hook that changes messages, so the clip bounds exactly what is
 summed): every tensor the client sends, the trainer's ``dx``/``buf`` and every component's (correction, state sync,
 server half), is clipped jointly to L2 norm C (under secure aggregation after padding the correction's declared
 keys a client did not send with zeros: the secure sum needs one layout from every client); under distributed DP
-the client adds its noise share; under secure aggregation the result is quantised and masked, after a check that no element of the data lies outside the codec's
-range (a clamp would change the sum silently: the run stops naming ``secagg_range``). The drift diagnostics are not
-sent under DP; the client's training loss is not sent under DP or secure aggregation (the history's ``train_loss``
-is then NaN).
+the client adds its noise share; under secure aggregation the result is quantised and masked, after a check that
+no element of the data lies outside the codec's range (a clamp would change the sum silently: the run stops naming
+``secagg_range``). The drift diagnostics are not sent under DP; the client's training loss is not sent under DP or
+secure aggregation (the history's ``train_loss`` is then NaN).
 
 On the sums (``after_sums``, before any server half reads them): secure aggregation's sum is unmasked (dropped
 clients' masks removed) and decoded; under central DP Gaussian noise of std z C is added to every protected sum
@@ -43,13 +45,12 @@ import torch
 from ...core.message import Message
 from ...core.params import TensorDict
 from ...core.schedule import stream_seed
-from ...privacy import adaptive_clip_update, centred_bit, clip_jointly
+from ...privacy import centred_bit
 from ...privacy.secagg import masked_bytes
 from ...privacy.secret import draw_secret
 from ...runtime.processes import value_of_the_main_process
 from .base import ClientMessages, RoundHook
-from ..config.privacy_settings import (accountant, count_std, dp_on, expected_cohort, min_survivors, noise_multiplier,
-                                      secagg_codec, share_noise_multiplier, sums_noise_multiplier)
+from ..config.privacy_settings import dp_mechanism, dp_on, expected_cohort, min_survivors, secagg_codec
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +128,10 @@ class Privacy(RoundHook):
     def __init__(self, trainer) -> None:
         args = self.args = trainer.args
         self.dp, self.secure = dp_on(args), args.secure_aggregation
-        self.z = noise_multiplier(args) if self.dp else 0.0  # calibrated here, before any round
-        self.z_sums = sums_noise_multiplier(args, self.z) if self.dp else 0.0
-        self.accountant = accountant(args, self.z) if self.dp else None
+        self.mechanism = dp_mechanism(args) if self.dp else None  # the dp_mode's (fedhf/privacy/mechanisms/)
+        self.z = self.mechanism.noise_multiplier() if self.dp else 0.0  # calibrated here, before any round
+        self.z_sums = self.mechanism.sums_noise_multiplier(self.z) if self.dp else 0.0
+        self.accountant = self.mechanism.accountant(self.z) if self.dp else None
         self.clip_norm = args.dp_clip_norm
         self.round_clip = self.clip_norm  # the C this round's clients clip with
         self.codec = secagg_codec(args, self.z_sums) if self.secure else None
@@ -162,7 +164,7 @@ class Privacy(RoundHook):
 
     # ---------------------------------------------------------------- the client side
     def on_train_begin(self, trainer, run) -> None:
-        if self.args.dp_mode == "distributed":  # every client's share secret now, none drawn after a checkpoint
+        if self.dp and self.mechanism.noise_on_clients:  # every client's share secret now, none after a checkpoint
             for client in range(self.args.num_clients):
                 if trainer.world.owns(client):
                     self._client_secret(trainer.client_store, client)
@@ -186,13 +188,13 @@ class Privacy(RoundHook):
                           next(iter(ctx.global_params.values())).device)
         items = {k: v for k, v in full_items(sent).items() if protected(k, v)}
         if self.dp:
-            items, norm = clip_jointly(items, self.round_clip)
+            items, norm = self.mechanism.clip(items, self.round_clip)
         if self.secure:  # the data, before any noise share: a clamped element would change the sum silently
             check_in_range(self.codec, items, ctx)
         if self.dp:
-            if self.args.dp_mode == "distributed":
+            if self.mechanism.noise_on_clients:
                 items = self._noise_share(items, ctx)
-            if self.args.dp_adaptive_clip_quantile is not None:  # Andrew et al.: b_i, summed with noise
+            if self.mechanism.adaptive:  # Andrew et al.: b_i, summed; the mechanism noises the count
                 sent.components["dp"] = Message().put_scalar("below", centred_bit(norm, self.round_clip))
         if self.secure:
             encoded = self.codec.quantise(items, ctx.round, ctx.client_id)
@@ -206,12 +208,12 @@ class Privacy(RoundHook):
         return sent
 
     def _noise_share(self, items: Dict[str, torch.Tensor], ctx) -> Dict[str, torch.Tensor]:
-        """Distributed DP: N(0, (z C)^2 / S_min) per element, from the client's own secret; S_min or more shares sum
-        to at least z C."""
-        std = share_noise_multiplier(self.args, self.z_sums) * self.round_clip
-        generator = torch.Generator().manual_seed(stream_seed(self._client_secret(ctx.store, ctx.client_id), SHARE_STREAM, ctx.round))
-        return {k: items[k] + std * torch.randn(items[k].shape, generator=generator, dtype=torch.float64)
-                .to(items[k].device) for k in sorted(items)}
+        """The mechanism's noise share (distributed DP: N(0, (z C)^2 / S_min) per element), from the client's own
+        secret; S_min or more shares sum to at least z C."""
+        std = self.mechanism.client_noise_std(self.z_sums, self.round_clip)
+        secret = self._client_secret(ctx.store, ctx.client_id)
+        generator = torch.Generator().manual_seed(stream_seed(secret, SHARE_STREAM, ctx.round))
+        return self.mechanism.noised(items, std, generator)
 
     def _client_secret(self, store, client_id: int) -> int:
         """A client's own secret for its noise shares: drawn from the operating system's entropy when the run
@@ -249,29 +251,25 @@ class Privacy(RoundHook):
             self._unmask(sums, keys, run.rounds_done)
         if not self.dp:
             return
-        if self.args.dp_mode == "distributed" and sums.scalar("n") < min_survivors(self.args):
+        if not self.mechanism.releases(sums.scalar("n")):
             self._withhold(sums, keys, run)
             return
         if keys:  # what an empty round is noised on, next time
             self.message_shapes = {k: list(sums.get(k).shape) for k in keys}
             self.message_shapes.update({k: [] for k, v in sums.items() if _is_weight(k) and v.dim() == 0})
-        if self.args.dp_mode == "central":
-            std = self.z_sums * self.round_clip
+        if self.mechanism.noise_on_server:  # from the run's noise stream, on every key in sorted order
+            std = self.mechanism.server_noise_std(self.z_sums, self.round_clip)
             shapes = {k: list(sums.get(k).shape) for k in keys} if keys else self._empty_round_shapes(trainer, run)
-            for key in sorted(shapes):  # sorted: the draws do not depend on the order clients were added
-                value = sums.get(key) if key in keys else torch.zeros(shapes[key], dtype=torch.float64,
-                                                                        device=_device(run))
-                noise = torch.randn(value.shape, generator=self.noise, dtype=torch.float64).to(value.device)
-                sums.set(key, value + std * noise)
+            values = {key: sums.get(key) if key in keys else torch.zeros(shapes[key], dtype=torch.float64,
+                                                                          device=_device(run)) for key in shapes}
+            for key, value in self.mechanism.noised(values, std, self.noise).items():
+                sums.set(key, value)
         weights = {k for k, v in sums.items() if _is_weight(k) and v.dim() == 0}
         weights |= {k for k, shape in self.message_shapes.items() if _is_weight(k)} | {"w"}
         for key in weights:  # the fixed denominator: w_i = 1, W = the expected cohort, an empty round's too
             sums.set(key, float(expected_cohort(self.args)))
-        if self.args.dp_adaptive_clip_quantile is not None:  # centred bits: unshifted by S/2 in the update
-            noisy = sums.scalar("dp.below") + count_std(self.args) * float(
-                torch.randn((), generator=self.noise, dtype=torch.float64))
-            self.clip_norm = adaptive_clip_update(self.round_clip, noisy, expected_cohort(self.args),
-                                                  self.args.dp_adaptive_clip_quantile, self.args.dp_adaptive_clip_lr)
+        if self.mechanism.adaptive:  # the noised count of centred bits (unshifted by S/2 in the update)
+            self.clip_norm = self.mechanism.next_clip_norm(self.round_clip, sums.scalar("dp.below"), self.noise)
 
     def _empty_round_shapes(self, trainer, run) -> Dict[str, List[int]]:
         """A round no client sent in (Poisson) is noised on every protected key: the global model's (``dx``,
@@ -316,10 +314,8 @@ class Privacy(RoundHook):
             entry.pop(key, None)
         entry.update({"dp_epsilon": self.accountant.step(), "dp_noise_multiplier": self.z,
                       "dp_clip_norm": self.round_clip})
-        if self.args.dp_mode == "distributed":  # the server knows who took part: no amplification by sampling
-            entry.update({"dp_epsilon_vs_server_one_round": self.accountant.epsilon_without_sampling(1),
-                          "dp_epsilon_vs_server_every_round":
-                              self.accountant.epsilon_without_sampling(self.accountant.rounds)})
+        entry.update(self.mechanism.release_report(self.accountant))  # e.g. the epsilon against a server that
+        # knows the cohort (distributed DP)
 
     def after_round(self, trainer, run, entry: dict) -> bool:
         return self.next_round_over_budget()

@@ -34,7 +34,7 @@ def round_hooks(trainer) -> List[RoundHook]:
         *user_hooks(trainer.user_round_hooks, dp_on(args)),
         # uplink/downlink compression with error feedback; before any hook that must see what is summed (privacy)
         Compression(args.uplink_compression, args.downlink_compression, args.error_feedback,
-                    trainer.algorithm.local_optimizer.cls, released=args.dp_mode == "off"),
+                    trainer.algorithm.local_optimizer.cls, released=not dp_on(args)),
         ExclusionStop(args.max_excluded_rounds),  # stop a run whose every client is excluded
         # client-level DP and secure aggregation: after every hook that changes messages (its clip bounds exactly
         # what is summed), before History (its dp_epsilon goes into the round's entry)
