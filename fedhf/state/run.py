@@ -37,7 +37,7 @@ ADDED_FIELDS = {"partition_key": "column", "partition_key_buckets": 4, "quantity
 #: that missed them): a checkpoint without one may hold any value, so it is not compared (the run resumes with the
 #: value given now, as it did before they were fingerprinted), rather than refused at a default it may not have had.
 UNRECORDED_FIELDS = ("async_concurrency", "dp_adaptive_clip_lr", "dp_adaptive_clip_count_std", "min_partition_size",
-                     "partition_encoder")
+                     "partition_encoder", "max_update_norm")
 
 GROUPS = ("global_params", "global_buffers", "server_state", "correction_state", "sync_state", "personal_init",
           "base_params", "compression_state")

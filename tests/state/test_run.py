@@ -57,6 +57,15 @@ def test_a_resumed_fedbuff_run_with_another_async_concurrency_is_refused(tmp_pat
         check_fingerprint("ckpt", stored, fingerprint(other, other.build_algorithm()))
 
 
+def test_a_resumed_run_with_another_max_update_norm_is_refused(tmp_path):
+    """max_update_norm decides which clients' updates are excluded from a round (the hand-kept list had missed it)."""
+    args = config(tmp_path, max_update_norm=5.0)
+    stored = {"fingerprint": fingerprint(args, args.build_algorithm())}
+    other = config(tmp_path, max_update_norm=1.0)
+    with pytest.raises(ValueError, match="max_update_norm: checkpoint 5.0, now 1.0"):
+        check_fingerprint("ckpt", stored, fingerprint(other, other.build_algorithm()))
+
+
 def _settings_fields():
     return {f.name: f for base in settings_bases(FederatedConfig) for f in dataclasses.fields(base)}
 

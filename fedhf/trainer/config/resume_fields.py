@@ -27,7 +27,8 @@ RESUMABLE = {
 RUN_FIELDS = ("num_clients", "clients_per_round", "num_rounds", "local_steps", "seed", "client_weighting",
               "round_lr_schedule", "per_device_train_batch_size", "max_grad_norm", "parameter_sharing",
               "parameter_sharing_kwargs", "lora_client_ranks", "gradient_accumulation_steps", "batched_clients",
-              "bf16", "fp16", "metric_for_best_model", "greater_is_better", "load_best_model_at_end")
+              "bf16", "fp16", "metric_for_best_model", "greater_is_better", "load_best_model_at_end",
+              "max_update_norm")
 
 
 def settings_bases(config_class: type) -> List[type]:
