@@ -19,8 +19,8 @@ labelled tokens, padded per batch), so the head runs at the labelled positions o
 
 Printed after the rows:
 * ``round_overhead c1=..% ...``: per setting, the fastest round's time over the time of its local steps
-  (``LocalSteps.run``) minus 1: what a round costs beyond its steps (loading the global adapter, building the
-  optimizers and the data streams, reading the updates back, the sums);
+  (``ClientRound.steps_together``) minus 1: what a round costs beyond its steps (loading the global adapter,
+  building the optimizers and the data streams, reading the updates back, the sums);
 * ``batched_ops_per_step c1=<n> c4=<n> c16=<n>``: the aten ops (torch.profiler, CPU) of one fused forward/backward
   of C clients' batches (``BatchedClients.fused_pass``); it must not grow with C. Handing each client the views of
   its gradient slices afterwards adds C x (stacked linears) metadata-only ``select``s, not counted (no kernel);
@@ -157,7 +157,7 @@ def run(batched: int, opts, model_dir: str, tokenizer, data, device: str, compil
         trainer = FederatedTrainer(model=model, args=config(opts, out, batched, device, opts.rounds, compile_backend),
                                    train_dataset=data, data_collator=collator(opts, tokenizer),
                                    callbacks=[RoundClock()])
-        local_steps = trainer.local.run
+        local_steps = trainer.client_round.steps_together
 
         def timed_steps(*args, **kwargs):  # the K local steps of a client (or a batched chunk)
             sync()
@@ -167,7 +167,7 @@ def run(batched: int, opts, model_dir: str, tokenizer, data, device: str, compil
             steps[-1] += time.perf_counter() - begin
             return losses
 
-        trainer.local.run = timed_steps
+        trainer.client_round.steps_together = timed_steps
         trainer.train()
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

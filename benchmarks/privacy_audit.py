@@ -119,7 +119,7 @@ class Mechanism:
                                     global_params={}, global_buffers={})
         hook.before_round(self.trainer, run)
         sums = RoundSums()
-        for client, update in sorted(updates.items()):  # as LocalSteps.finish sends a client's messages
+        for client, update in sorted(updates.items()):  # as ClientRound.finish sends a client's messages
             own = Message().put("dx", {"update": update}).put_scalar("w", 1.0).put_scalar("n", 1.0)
             own.put_scalar("loss", 0.0)
             sent = ClientMessages(own, {"correction": Message(), "sync": Message(), "server": Message()})

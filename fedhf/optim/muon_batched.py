@@ -35,7 +35,6 @@ float32 rounding (closer to the exact iteration than torch's bfloat16 one).
 
 from __future__ import annotations
 
-import math
 from typing import Iterable, List, Optional, Tuple
 
 import torch
@@ -123,13 +122,6 @@ class BatchedMuon(torch.optim.Optimizer):
         super().__setstate__(state)
         for group in self.param_groups:
             group.setdefault("iteration", "standard")  # a state_dict saved before the option existed
-
-    @staticmethod
-    def _lr_scale(shape: torch.Size, adjust_lr_fn) -> float:
-        rows, cols = shape
-        if adjust_lr_fn == "match_rms_adamw":
-            return 0.2 * math.sqrt(max(rows, cols))
-        return math.sqrt(max(1, rows / cols))
 
     @torch.no_grad()
     def step(self, closure=None):

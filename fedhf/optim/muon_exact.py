@@ -15,15 +15,16 @@ Nesterov, five quintic Newton-Schulz steps in bfloat16, github.com/KellerJordan/
 Orthogonalisation ignores a positive scale of U, so without Nesterov the sum and EMA forms take the same steps; their
 momentum buffers (Theta, what FedMuon averages) differ by the factor 1 / (1 - mu). ema + ns5 is torch.optim.Muon's
 math (MuonAdamW uses torch's then). The lr scaling keeps torch's default (1 for square or wide matrices); the paper's
-U V^T has none.
+U V^T has none. The step is fedhf's one Muon step (fedhf/optim/muon_step.py) with these orthogonalisers.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
+
+from .muon_step import Orthogonaliser, muon_step
 
 MOMENTUM_FORMS = ("ema", "sum")
 ORTHOGONALISATIONS = ("ns5", "svd")
@@ -77,22 +78,13 @@ class ExactMuon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            mu, lr = group["momentum"], group["lr"]
-            ema = group["momentum_form"] == "ema"
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, state = p.grad, self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(grad)
-                buf = state["momentum_buffer"]
-                if ema:
-                    buf.lerp_(grad, 1 - mu)
-                    update = grad.lerp(buf, mu) if group["nesterov"] else buf
-                else:
-                    buf.mul_(mu).add_(grad)
-                    update = grad.add(buf, alpha=mu) if group["nesterov"] else buf
-                ortho = newton_schulz5(update) if group["ortho"] == "ns5" else polar_factor(update)
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(ortho.to(p.dtype), alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
+            orthogonalise = _per_matrix(newton_schulz5 if group["ortho"] == "ns5" else polar_factor)
+            for p in group["params"]:  # one matrix at a time
+                if p.grad is not None:
+                    muon_step(self.state, [p], group, orthogonalise, group["momentum_form"])
         return loss
+
+
+def _per_matrix(orthogonalise: Callable[[torch.Tensor], torch.Tensor]) -> Orthogonaliser:
+    """Each update orthogonalised by itself, in the update's dtype (the parameter's)."""
+    return lambda updates: [orthogonalise(u).to(u.dtype) for u in updates]

@@ -34,6 +34,7 @@ from typing import Dict, Generator, List, Optional, Tuple
 import torch
 
 from .muon_batched import BatchedMuon, batched_newton_schulz, default_matmul, oriented_shape
+from .muon_step import finish, muon_parts
 
 
 @dataclass(frozen=True)
@@ -103,34 +104,17 @@ def run_alone(parts: StepParts) -> None:
 
 
 def muon_step_parts(optimizer: BatchedMuon) -> StepParts:
-    """One step of :class:`BatchedMuon` (torch.optim.Muon's math, its docstring), one request per group with the
-    group's ``matmul`` and ``iteration``. No context manager spans a ``yield`` (another client's step runs in
-    between): each half runs under its own no_grad."""
+    """One step of :class:`BatchedMuon`: fedhf's one Muon step (fedhf/optim/muon_step.py) per group, its updates
+    requested with the group's ``matmul`` and ``iteration``. No context manager spans a ``yield`` (another
+    client's step runs in between): each half runs under its own no_grad."""
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             continue
+        parts = muon_parts(optimizer.state, params, group)
         with torch.no_grad():
-            updates = _momentum_updates(optimizer, group, params)
+            updates = next(parts)
         matmul = group["matmul"] or default_matmul(updates[0].device)
         orthos = yield Orthogonalise(updates, group["ns_steps"], group["eps"], matmul, group["iteration"])
         with torch.no_grad():
-            lr = group["lr"]
-            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
-            for p, ortho in zip(params, orthos):
-                p.add_(ortho, alpha=-lr * BatchedMuon._lr_scale(p.shape, group["adjust_lr_fn"]))
-
-
-def _momentum_updates(optimizer: torch.optim.Optimizer, group: dict, params: List[torch.Tensor]):
-    """B <- B + (1 - mu)(G - B) per parameter (its buffer created only when absent: an imported Theta survives);
-    the update to orthogonalise: Nesterov's G + mu (B - G), else B."""
-    mu = group["momentum"]
-    grads = [p.grad for p in params]
-    bufs = []
-    for p, g in zip(params, grads):
-        state = optimizer.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(g, memory_format=torch.preserve_format)
-        bufs.append(state["momentum_buffer"])
-    torch._foreach_lerp_(bufs, grads, 1 - mu)
-    return [g.lerp(b, mu) for g, b in zip(grads, bufs)] if group["nesterov"] else bufs
+            finish(parts, orthos)

@@ -13,13 +13,16 @@ Efficiency of Muon for Pretraining", 2025): the momentum -- FedMuon's and FedPAC
 shard, so Muon's state is divided by the processes like the weights. Every process orthogonalises every matrix (the
 same numbers on each: same input, same kernel); spreading the matrices over the processes would save that compute
 at the price of a scatter per matrix, which this CPU-tested version does not do. The Newton-Schulz iteration and
-the lr adjustment are torch's own functions, so the step is the one-process step.
+the lr adjustment are torch's (the iteration its own function, the rest fedhf's one Muon step,
+fedhf/optim/muon_step.py, with this gathering orthogonaliser), so the step is the one-process step.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+from torch.optim._muon import _zeropower_via_newtonschulz
+
+from .muon_step import muon_step
 
 
 class ShardedMuon(torch.optim.Optimizer):
@@ -38,19 +41,11 @@ class ShardedMuon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                buffer = state["momentum_buffer"]
-                buffer.lerp_(p.grad, 1 - group["momentum"])
-                update = p.grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
-                whole = self.sharded.gather(update)
-                orthogonal = _zeropower_via_newtonschulz(whole, group["ns_coefficients"], group["ns_steps"],
-                                                         group["eps"])
-                adjusted_lr = _adjust_lr(group["lr"], group["adjust_lr_fn"], whole.shape)
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(self.sharded.local_part(orthogonal), alpha=-adjusted_lr)
+            def orthogonalise(updates, group=group):  # the whole matrix, gathered; each process keeps its rows
+                return [_zeropower_via_newtonschulz(self.sharded.gather(u), group["ns_coefficients"],
+                                                    group["ns_steps"], group["eps"]) for u in updates]
+
+            for p in group["params"]:  # one matrix gathered at a time
+                if p.grad is not None:
+                    muon_step(self.state, [p], group, orthogonalise, local=self.sharded.local_part)
         return loss

@@ -61,7 +61,7 @@ from .every_row_evaluation import EveryRowEvaluation
 from .hooks.privacy import Privacy
 from .hooks.round_features import round_hooks
 from .config.llm_guidance import warn_sgd_lr
-from .runners.local_steps import LocalSteps, faulty
+from .runners.client_round import ClientRound, faulty
 from .runners.loss_scaling import LossScale
 from .runners.memory_plan import check_budget, plan_memory, plan_text
 from .hooks.outputs import HISTORY_FILE, restore_run
@@ -153,8 +153,8 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         # robust rules: every client's update; sharded: the sums stay per shard
         self.gathering = ShardedGathering(self.shards) if self.shards.active else gathering(aggregator)
         self.client_data = ClientData(self)
-        self.local = LocalSteps(self)
         self.runner = choose_runner(self)  # sequential, batched clients or client-parallel
+        self.client_round = ClientRound(self)  # one client's begin, steps and finish
         if client_partitions is None:
             if not isinstance(self.train_dataset, datasets.Dataset):
                 raise ValueError("Pass `client_partitions` when `train_dataset` is not a datasets.Dataset.")
@@ -262,6 +262,7 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         self.ignore_keys_for_eval = ignore_keys_for_eval
         self.client_data.prepare()
         self.loss_scale = LossScale(self.accelerator.scaler)  # fp16: accelerate's GradScaler, driven per local step
+        self.client_round.prepare(self.loss_scale, together=self.runner.size > 1)  # the run's step pipeline
         enable_activation_checkpointing(self.model, args)
         destroy_process_group_at_exit()
         self.plan = SharingPlan(self.sharing, self.sharing_roles, self.model, args.seed,  # shared/personal/frozen
@@ -398,19 +399,19 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
                 "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20,
                 "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20}
 
-    # ------------------------------------------------------------------ one client (fedhf/trainer/runners/local_steps.py)
+    # ------------------------------------------------------------------ one client (fedhf/trainer/runners/client_round.py)
     # The runners reach a client's round through these four, as Trainer's loop reaches training_step, so a subclass
-    # may override them to observe or change one client's round.
+    # may override them to observe or change one client's round; each delegates once to the ClientRound.
     def _begin_client(self, ctx: ClientContext, access: Optional[ModelAccess] = None) -> OptimizerHooks:
-        return self.local.begin(ctx, access)
+        return self.client_round.begin(ctx, access)
 
     def _local_steps(self, ctx: ClientContext, optimizer: OptimizerHooks) -> float:
         """A sequential client's K local steps (batched chunks share theirs); returns its summed loss."""
-        return self.runner.local_steps(ctx, optimizer)
+        return self.client_round.steps(ctx, optimizer, self.runner.backward)
 
     def _finish_client(self, ctx: ClientContext, optimizer: OptimizerHooks, loss_sum: float,
                        buffers: Dict[str, torch.Tensor], sums: RoundSums) -> None:
-        self.local.finish(ctx, optimizer, loss_sum, buffers, sums)
+        self.client_round.finish(ctx, optimizer, loss_sum, buffers, sums)
 
     def _faulty(self, loss_sum: float, delta: Dict[str, torch.Tensor]) -> Optional[str]:
         return faulty(loss_sum, delta, self.args.max_update_norm, self.shards.total)

@@ -206,7 +206,7 @@ def test_the_training_forward_and_loss_read_no_data_dependent_shape(tokenizer):
     """No host sync on the hot path: no nonzero, no boolean-mask indexing, in the forward, the loss and the
     backward (on a GPU each would wait for the device to learn a shape)."""
     model = tiny_llama_lora(len(tokenizer))
-    inputs = at_labelled_positions(_batch(tokenizer))  # on the host batch, as LocalSteps does
+    inputs = at_labelled_positions(_batch(tokenizer))  # on the host batch, as ClientRound does
     ops = _Ops()
     with ops:
         model(**inputs).loss.backward()

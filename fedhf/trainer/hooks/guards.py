@@ -1,7 +1,7 @@
 """Stop a run that trains nothing: every client excluded for ``max_excluded_rounds`` rounds in a row.
 
 A client is excluded when its loss or update is non-finite or its update norm exceeds ``max_update_norm``
-(fedhf/trainer/runners/local_steps.py, :func:`faulty`). One such round leaves the global model unchanged and is logged; many in a row mean
+(fedhf/trainer/runners/client_round.py, :func:`faulty`). One such round leaves the global model unchanged and is logged; many in a row mean
 the run cannot make progress, and finishing "successfully" would hide it.
 """
 

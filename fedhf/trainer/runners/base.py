@@ -9,7 +9,7 @@ resolves a LoRA variant once from its config:
   forward/backward through stacked copies of the adapter.
 
 A runner has one entry point, :meth:`Runner.train_clients`: this process's share of the round's clients, their
-messages into the round's sums. Every runner trains a client with the same steps (fedhf/trainer/runners/local_steps.py);
+messages into the round's sums. Every runner trains a client with the same steps (fedhf/trainer/runners/client_round.py);
 they differ only in which clients share a backward and how it is computed.
 """
 
@@ -63,6 +63,13 @@ class Runner:
     def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
         raise NotImplementedError
 
+    def backward(self, micro: List[List[dict]]) -> list:
+        """A client trained alone (the trainer's ``_local_steps``): its gradients of one local step, from its
+        step's micro-batches (``micro``, a list of one); returns its step loss in a list of one. Batched chunks
+        give :meth:`ClientRound.steps_together <fedhf.trainer.runners.client_round.ClientRound.steps_together>`
+        a backward of their own."""
+        raise NotImplementedError
+
     def evaluate_clients(self, rows_of: Dict[int, Sequence[int]]) -> Optional[Dict[int, Dict[str, float]]]:
         """Personalised evaluation's metrics of these clients (client -> held-out rows) computed together, or
         None: one client at a time (fedhf/trainer/hooks/personal_eval.py)."""
@@ -70,7 +77,8 @@ class Runner:
 
 
 class SequentialClients(Runner):
-    """One client at a time: its personal tensors loaded, begin, K steps, finish."""
+    """One client at a time: its personal tensors loaded, begin, K steps, finish (the trainer's per-client seams,
+    each delegating once to its :class:`fedhf.trainer.runners.client_round.ClientRound`)."""
 
     def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
         trainer, ctx = self.trainer, contexts[0]
@@ -79,15 +87,8 @@ class SequentialClients(Runner):
         loss_sum = trainer._local_steps(ctx, optimizer)
         trainer._finish_client(ctx, optimizer, loss_sum, trainer.plan.buffers, sums)
 
-    def local_steps(self, ctx: ClientContext, optimizer) -> float:
-        trainer = self.trainer
-        trainer.optimizer = optimizer  # Trainer's attribute, as in its own loop
-        loss_sum = trainer.local.run([ctx], [optimizer], self.backward)[0]
-        trainer.optimizer = None
-        return float(loss_sum)
-
     def backward(self, micro: List[List[dict]]) -> list:
-        return [self.trainer.local.accumulate(micro[0])]
+        return [self.trainer.client_round.accumulate(micro[0])]
 
 
 class ClientParallelClients(SequentialClients):
@@ -96,11 +97,12 @@ class ClientParallelClients(SequentialClients):
 
     FORWARD_STREAM = 5  # stream_seed's key of the shards' forwards (1: the client's shared stream, 2-3: its data)
 
-    def local_steps(self, ctx: ClientContext, optimizer) -> float:
-        trainer = self.trainer
+    def train_chunk(self, run, contexts: List[ClientContext], sums: RoundSums) -> None:
+        # the stream is made inside torch.random.fork_rng: the client's shared stream is untouched
+        trainer, ctx = self.trainer, contexts[0]
         seed = stream_seed(trainer.args.seed, ctx.round, ctx.client_id, self.FORWARD_STREAM, trainer.world.rank)
         self.stream = ForwardStream(seed, trainer.model_device)
-        return super().local_steps(ctx, optimizer)
+        super().train_chunk(run, contexts, sums)
 
     def reduce(self, params, loss: float) -> float:
         return all_reduce_gradients(params, loss)

@@ -6,7 +6,7 @@ an optimizer's own passes over the model (Sophia's curvature probe, FOOF's stati
 its client's copy.
 Only the forward/backward is shared: one pass over the C clients' concatenated micro-batches, whose loss is the
 sum of each client's own mean (over its label tokens or rows across the step's micro-batches, as
-:meth:`fedhf.trainer.runners.local_steps.LocalSteps.accumulate` weighs them), so each client's copy of the adapter receives exactly its own
+:meth:`fedhf.trainer.runners.client_round.ClientRound.accumulate` weighs them), so each client's copy of the adapter receives exactly its own
 gradient. The global model equals sequential training up to float rounding (the base runs on a larger batch).
 The clients' optimizer steps run together where they can share work: BatchedMuon's Newton-Schulz iterations of all
 the chunk's clients in one batched call (fedhf/optim/newton_schulz_pool.py). Personalised evaluation runs C
@@ -91,8 +91,8 @@ class BatchedClients(Runner):
                     random_states[c] = _random_state()
                 _set_random_state(shared[0])
 
-            losses = trainer.local.run(contexts, optimizers, lambda micro: self._shared_backward(micro, stack),
-                                       before_forward)
+            losses = trainer.client_round.steps_together(
+                contexts, optimizers, lambda micro: self._shared_backward(micro, stack), before_forward)
             for ctx, optimizer, loss in zip(contexts, optimizers, losses):
                 trainer._finish_client(ctx, optimizer, loss, trainer.plan.buffers, sums)
 

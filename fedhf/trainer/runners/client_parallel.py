@@ -11,7 +11,7 @@ the correction and the optimizer, so every process holds the same client model, 
 Equal to one process: each shard's loss is the model's own mean over its shard, weighted by the shard's share of
 the items (label tokens, or rows) of the step's whole union of micro-batches, which every process knows because
 every process reads the client's full batches from the same seeded stream. The summed gradient is then the
-gradient of the union's mean, as :meth:`fedhf.trainer.runners.local_steps.LocalSteps.accumulate` computes it on one process; the result
+gradient of the union's mean, as :meth:`fedhf.trainer.runners.client_round.ClientRound.accumulate` computes it on one process; the result
 differs from one process only by float rounding (the base runs on smaller batches, the sum is a reduction).
 Curvature passes of the optimizer (Sophia's probe, FOOF's statistics) run on the full batches on every process,
 identically (same seeds: the client's stream, which every process seeds alike). The shards' forwards draw from

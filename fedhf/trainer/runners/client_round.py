@@ -1,11 +1,18 @@
-"""One client's round, written once for every runner (fedhf/trainer/runners/base.py): begin (its correction, seeded
-streams and optimizer), K local steps (the optimizer's ``before_forward``, the backward the runner gives, clipping,
-the correction's hooks around the optimizer step under fp16 loss scaling), and finish (its messages, through the
-round hooks, into the round's sums, or its exclusion).
+"""One client's round, written once for every runner (fedhf/trainer/runners/base.py): :class:`ClientRound`'s
+:meth:`~ClientRound.begin` (its correction, seeded streams and optimizer), :meth:`~ClientRound.steps` (K local steps:
+the optimizer's ``before_forward``, the backward the runner gives, then each client's step -- clipping, the
+correction's hooks around the optimizer step) and :meth:`~ClientRound.finish` (its messages, through the round hooks,
+into the round's sums, or its exclusion).
 
-The runners reach these through the trainer's ``_begin_client``, ``_local_steps``, ``_finish_client`` and
-``_faulty`` (as Trainer's loop reaches ``training_step``), so a subclass of the trainer may override them; the
-backward always goes through the trainer's ``training_step`` (and so ``compute_loss``).
+How the clients of a local step are stepped is chosen once per run (:meth:`ClientRound.prepare`), as the runner is
+chosen once per trainer: plainly (each client's ``optimizer.step()``), under fp16 loss scaling
+(fedhf/trainer/runners/loss_scaling.py), or pooled for a batched chunk (its clients' Newton-Schulz iterations in one
+batched call, fedhf/optim/newton_schulz_pool.py); a run that uses neither pays for neither.
+
+The runners reach a client's round through the trainer's ``_begin_client``, ``_local_steps`` and ``_finish_client``
+(as Trainer's loop reaches ``training_step``), which delegate here once, so a subclass of the trainer may override
+them; ``finish`` asks the trainer's ``_faulty`` whether the client may enter the round. The backward always goes
+through the trainer's ``training_step`` (and so ``compute_loss``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from ...runtime.model_outputs import loss_items
 from ..config.privacy_settings import dp_on
 from ..hooks.base import ClientMessages
 from .labelled_positions import own_loss
+from .loss_scaling import LossScale
 
 logger = logging.get_logger(__name__)
 Backward = Callable[[List[List[dict]]], Sequence]  # each client's step micro-batches -> each client's step loss
@@ -54,6 +62,11 @@ def each_before_forward(step: int, optimizers: Sequence[OptimizerHooks], micro: 
         optimizer.before_forward(step, batches[0])
 
 
+def _zero_grads(optimizers: Sequence[OptimizerHooks]) -> None:
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+
+
 def sent_update(own: Message, delta: TensorDict) -> TensorDict:
     """The client's Delta_i as the round hooks left its message: its ``dx`` (sent as w_i Delta_i) over the w_i it
     sent, in the dtypes of ``delta`` (exact without a hook: w_i is 1 or a row count, and w_i x float32 is exact in
@@ -65,12 +78,28 @@ def sent_update(own: Message, delta: TensorDict) -> TensorDict:
             for name in delta if f"dx.{name}" in own.tensors}
 
 
-class LocalSteps:
+class ClientRound:
+    """A client's round: :meth:`begin`, :meth:`steps` (or :meth:`steps_together` for a batched chunk), :meth:`finish`."""
+
     def __init__(self, trainer) -> None:
         self.trainer = trainer
         # each training client's correction state: what its client_begin returned, handed back to its step hooks
         # and its client_end (a batched chunk trains several clients at once)
         self.correction_rounds: Dict[int, object] = {}
+        self.loss_scale: Optional[LossScale] = None
+        self.step_clients = self._plain_steps
+
+    def prepare(self, loss_scale: LossScale, together: bool) -> None:
+        """The run's step pipeline, chosen once when it starts (the fp16 scaler is accelerate's, known only then):
+        pooled when the runner trains clients ``together`` (a batched chunk; loss scaling inside it), else
+        loss-scaled when fp16 made a scaler, else plain."""
+        self.loss_scale = loss_scale
+        if together:
+            self.step_clients = self._pooled_steps
+        elif loss_scale.scaler is not None:
+            self.step_clients = self._scaled_steps
+        else:
+            self.step_clients = self._plain_steps
 
     def begin(self, ctx: ClientContext, access: Optional[ModelAccess] = None) -> OptimizerHooks:
         """The client's correction, seeded streams and optimizer (with its state-sync warm start and the
@@ -89,8 +118,16 @@ class LocalSteps:
         optimizer.attach(access or trainer.client_data.model_access(ctx))
         return optimizer
 
-    def run(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks], backward: Backward,
-            before_forward=each_before_forward) -> List:
+    def steps(self, ctx: ClientContext, optimizer: OptimizerHooks, backward: Backward) -> float:
+        """A client trained alone: its K local steps over ``backward`` (the runner's); returns its summed loss."""
+        trainer = self.trainer
+        trainer.optimizer = optimizer  # Trainer's attribute, as in its own loop
+        loss_sum = self.steps_together([ctx], [optimizer], backward)[0]
+        trainer.optimizer = None
+        return float(loss_sum)
+
+    def steps_together(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks],
+                       backward: Backward, before_forward=each_before_forward) -> List:
         """K local steps of the clients trained together (one, or a batched chunk); returns each client's summed
         loss (read from the model's device once per client, not once per step: a read waits for the device's
         queued work). A local step is one optimizer step over ``gradient_accumulation_steps`` micro-batches;
@@ -104,43 +141,76 @@ class LocalSteps:
             before_forward(step, optimizers, micro)
             for c, loss in enumerate(backward(micro)):
                 totals[c] = totals[c] + loss
-            self.optimizer_steps(contexts, optimizers)  # ends with each client's zero_grad
-            trainer.loss_scale.update()  # fp16: one scale update per step, for every client of the step
+            self.step_clients(contexts, optimizers)  # ends with each client's zero_grad
         for optimizer in optimizers:
             optimizer.end_round()
         return totals
 
-    def optimizer_steps(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks]) -> None:
-        """Each client's step: clip its gradient, then the correction's hooks around its optimizer's step (see
-        fedhf.corrections); under fp16 on unscaled gradients, skipped when one overflowed
-        (fedhf/trainer/runners/loss_scaling.py); then its zero_grad. The clients of a batched chunk step together: each
-        runs up to its Newton-Schulz iterations (Muon), which then run as one batched call for all of them
-        (fedhf/optim/newton_schulz_pool.py), and each finishes. A client alone steps whole (its optimizer's own
-        ``step``). Each client's step touches only its own tensors and state, so the order is free."""
+    # ---------------------------------------------------------------- the step pipelines (one chosen per run)
+    # Each steps every client of a local step on its own gradient and touches only its own tensors and state (so
+    # the order is free), then clears the gradients.
+    def _plain_steps(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks]) -> None:
+        """Each client's whole step, as it is."""
+        for ctx, optimizer in zip(contexts, optimizers):
+            self._client_step(ctx, optimizer, self._trained(ctx))
+        _zero_grads(optimizers)
+
+    def _scaled_steps(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks]) -> None:
+        """fp16: each client's step on unscaled gradients, skipped when one overflowed; then one scale update
+        for the local step (fedhf/trainer/runners/loss_scaling.py)."""
+        for ctx, optimizer in zip(contexts, optimizers):
+            trained = self._trained(ctx)
+            self.loss_scale.step(trained, lambda ctx=ctx, optimizer=optimizer, trained=trained:
+                                 self._client_step(ctx, optimizer, trained))
+        _zero_grads(optimizers)
+        self.loss_scale.update()  # fp16: one scale update per step, for every client of the step
+
+    def _pooled_steps(self, contexts: Sequence[ClientContext], optimizers: Sequence[OptimizerHooks]) -> None:
+        """A batched chunk: each client runs up to its Newton-Schulz iterations (Muon), which then run as one
+        batched call for all of them (fedhf/optim/newton_schulz_pool.py), and each finishes; each started under
+        the fp16 loss scale (a no-op without fp16). A client alone (the last chunk) steps whole."""
         together, alone = StepsTogether(), len(contexts) == 1
         for ctx, optimizer in zip(contexts, optimizers):
-            trained = list(self.trainer.plan.trained(ctx.params).values())
-            parts = self._clipped_step(ctx, optimizer, trained, alone)
-            self.trainer.loss_scale.step(trained, lambda parts=parts: together.start(parts))
+            trained = self._trained(ctx)
+            parts = self._client_step_parts(ctx, optimizer, trained, alone)
+            self.loss_scale.step(trained, lambda parts=parts: together.start(parts))
         together.finish()
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
+        _zero_grads(optimizers)
+        self.loss_scale.update()
 
-    def _clipped_step(self, ctx: ClientContext, optimizer: OptimizerHooks, trained, alone: bool):
-        """The client's step as parts (a generator): clip, correction, the optimizer (whole when ``alone``, else
-        its :meth:`~fedhf.optim.OptimizerHooks.step_parts`), correction."""
+    def _trained(self, ctx: ClientContext) -> List[torch.Tensor]:
+        return list(self.trainer.plan.trained(ctx.params).values())
+
+    def _client_step(self, ctx: ClientContext, optimizer: OptimizerHooks, trained: List[torch.Tensor]) -> None:
+        """The client's step: clip its gradient, then the correction's hooks around its optimizer's step (see
+        fedhf.corrections)."""
+        correction_round = self._before_step(ctx, trained)
+        optimizer.step()
+        self._after_step(ctx, correction_round)
+
+    def _client_step_parts(self, ctx: ClientContext, optimizer: OptimizerHooks, trained: List[torch.Tensor],
+                           alone: bool):
+        """:meth:`_client_step` as parts (a generator): the optimizer whole when ``alone``, else its
+        :meth:`~fedhf.optim.OptimizerHooks.step_parts`."""
+        correction_round = self._before_step(ctx, trained)
+        if alone:
+            optimizer.step()
+        else:
+            yield from optimizer.step_parts()
+        self._after_step(ctx, correction_round)
+
+    def _before_step(self, ctx: ClientContext, trained: List[torch.Tensor]):
         trainer = self.trainer
         max_norm = trainer.args.max_grad_norm
         if max_norm is not None and max_norm > 0:  # Trainer's meaning: <= 0 = no clipping
             trainer.shards.clip_grad_norm_(trained, max_norm)  # sharded: the whole gradient's norm
         correction_round = self.correction_rounds[ctx.client_id]
         trainer.algorithm.correction.before_step(ctx, correction_round)
-        if alone:
-            optimizer.step()
-        else:
-            yield from optimizer.step_parts()
-        trainer.algorithm.correction.after_step(ctx, correction_round)
-        trainer.plan.after_step(ctx.client_id)  # lora_client_ranks: nothing revives the components beyond r_i
+        return correction_round
+
+    def _after_step(self, ctx: ClientContext, correction_round) -> None:
+        self.trainer.algorithm.correction.after_step(ctx, correction_round)
+        self.trainer.plan.after_step(ctx.client_id)  # lora_client_ranks: nothing revives the components beyond r_i
 
     def accumulate(self, micro_batches: List[dict]):
         """Gradients of one optimizer step over G micro-batches, equal to those of one backward over their union;
