@@ -39,7 +39,7 @@ def _stackable(model) -> None:
 
 
 ACCUMULATION: List[Refusal] = [
-    # micro-batches of one local step (fedhf/trainer/runners/local_steps.py, ``accumulate``)
+    # micro-batches of one local step (fedhf/trainer/runners/client_round.py, ``accumulate``)
     Refusal(lambda s: s.args.gradient_accumulation_steps > 1 and (s.compute_loss_func is not None
                                                                   or s.loss_is_scaled_for_ga),
             lambda s: f"`gradient_accumulation_steps={s.args.gradient_accumulation_steps}` weights each micro-batch "
