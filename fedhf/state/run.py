@@ -66,6 +66,18 @@ class RunState:
     def tensor_groups(self) -> Dict[str, TensorDict]:
         return {name: getattr(self, name) for name in GROUPS}
 
+    def close_round(self, sums, round_lr: float) -> dict:
+        """Count a finished round from its sums (a fedhf.core.sums.RoundSums) and return its log entry."""
+        total_weight = sums.scalar("w")
+        self.rounds_done += 1
+        self.uplink_bytes += sums.scalar("uplink_bytes")
+        self.downlink_bytes += sums.scalar("downlink_bytes")
+        self.losses.append(sums.scalar("loss") / total_weight if total_weight > 0 else float("nan"))
+        return {"round": self.rounds_done, "train_loss": self.losses[-1], "learning_rate": round_lr,
+                "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
+                "uplink_MB": self.uplink_bytes / 2**20, "downlink_MB": self.downlink_bytes / 2**20,
+                "communicated_MB": (self.uplink_bytes + self.downlink_bytes) / 2**20}
+
     def meta(self) -> dict:
         return {"rounds_done": self.rounds_done, "uplink_bytes": self.uplink_bytes,
                 "downlink_bytes": self.downlink_bytes, "losses": self.losses}

@@ -5,15 +5,9 @@ Everything else is Trainer's: ``evaluate()``/``compute_metrics``, callbacks and 
 simulated by loading the global trainable tensors into it, running K local steps and reading the result back,
 so frozen base weights are never copied per client.
 
-A round, top to bottom (docs/algorithms.md section 4)::
-
-    clients = sample S of N (seeded, without replacement)
-    for each client: load x^r -> K local steps (clip, correction, optimizer) -> send w_i Delta_i (+ extras)
-    (local optimizer built per client round; its state Theta warm-started / kept / reset by the state-sync rule)
-    (each component's client half returns its message; the trainer adds it under the component's namespace)
-    sums of the messages -> correction's and sync's server halves -> server rule -> x^{r+1}
-    (docs/architecture.md draws it as data flow, with each axis's protocol)
-    log train loss, lr, participants, communicated bytes and the drift Delta_D; evaluate every ``eval_every_rounds``
+A round: sample the clients; each loads x^r, runs K local steps (clip, correction, optimizer) and sends its
+messages; their sums go through the components' server halves and the server rule to x^{r+1}; the round is logged
+and evaluated every ``eval_every_rounds`` (docs/architecture.md, "One round", draws it with every protocol).
 """
 
 from __future__ import annotations
@@ -362,7 +356,7 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         self._load_global(run)
         self.plan.end_round()
         # 6. the round's log; the hooks add to it (drift) and read it (the exclusion guard)
-        entry = {**self._round_entry(run, sums, round_lr), "processes": self.world.size}
+        entry = {**run.close_round(sums, round_lr), "processes": self.world.size}
         if "muon_lr_mult" in algo.local_optimizer.kwargs:  # Muon's matrices step at learning_rate x muon_lr_mult
             entry["muon_matrix_lr"] = round_lr * algo.local_optimizer.kwargs["muon_lr_mult"]
         self.hooks.after_aggregate(self, run, sums, entry)
@@ -386,18 +380,6 @@ class FederatedTrainer(EveryRowEvaluation, LabelledPositionsLoss, LateMetricsLog
         run.base_params = self.base_fold.fold(run.base_params, algo.server_rule.base_residual(
             run.global_params, replace(ctx, sums=sums.within("server"))))
         run.global_buffers = {n: t / total_weight for n, t in sums.tensors("buf", run.global_buffers).items()}
-
-    @staticmethod
-    def _round_entry(run: RunState, sums: RoundSums, round_lr: float) -> dict:
-        total_weight = sums.scalar("w")
-        run.rounds_done += 1
-        run.uplink_bytes += sums.scalar("uplink_bytes")
-        run.downlink_bytes += sums.scalar("downlink_bytes")
-        run.losses.append(sums.scalar("loss") / total_weight if total_weight > 0 else float("nan"))
-        return {"round": run.rounds_done, "train_loss": run.losses[-1], "learning_rate": round_lr,
-                "participants": int(sums.scalar("n")), "excluded_clients": int(sums.scalar("excluded")),
-                "uplink_MB": run.uplink_bytes / 2**20, "downlink_MB": run.downlink_bytes / 2**20,
-                "communicated_MB": (run.uplink_bytes + run.downlink_bytes) / 2**20}
 
     # ------------------------------------------------------------------ one client (fedhf/trainer/runners/client_round.py)
     # The runners reach a client's round through these four, as Trainer's loop reaches training_step, so a subclass
