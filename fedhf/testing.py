@@ -2,8 +2,8 @@
 
 ``check_round_hook(hook, trainer)`` runs the round-hook conformance checks (the ones
 tests/trainer/hooks/test_hook_conformance.py runs on every built-in hook) on one hook: each overridden event keeps
-the protocol's parameters; ``select_clients`` answers distinct clients of the run, a subsequence of those it was
-given; ``on_client_message`` returns client messages; the checkpoint state is JSON plus named tensor groups that
+the protocol's parameters; ``sample_size`` answers a whole number of clients, at least 0; ``select_clients``
+answers distinct clients of the run, a subsequence of those it was given; ``on_client_message`` returns client messages; the checkpoint state is JSON plus named tensor groups that
 ``restore_state`` reads back to the same state. ``trainer`` is the FederatedTrainer the hook is for (built, trained
 or not). It raises AssertionError naming the first problem.
 """
@@ -35,6 +35,9 @@ def check_round_hook(hook, trainer) -> None:
             got = list(inspect.signature(mine).parameters)
             assert got == expected, f"{name}.{event} takes {got}; the protocol's parameters are {expected}"
     run = RunState({}, {}, {}, {}, rounds_done=1)
+    size = hook.sample_size(trainer, run, trainer.args.clients_per_round)
+    assert isinstance(size, int) and not isinstance(size, bool) and size >= 0, (
+        f"{name}.sample_size answered {size!r}: it must return how many clients to sample, a whole number >= 0")
     given = [c for c in (5, 2, 0, 4) if c < trainer.args.num_clients] or [0]
     kept = list(hook.select_clients(trainer, run, list(given)))
     assert len(set(kept)) == len(kept) and kept == [c for c in given if c in kept], (

@@ -3,8 +3,8 @@
 A policy answers what the simulated clock asks of a round (fedhf/trainer/hooks/clock.py, a thin adapter: it keeps
 the clock's state, times the clients and applies the answers to the run):
 
-* :meth:`RoundPolicy.sample_size`: how many clients the loop samples (the cohort the privacy accountant's event
-  has; the deadline policy over-selects);
+* :meth:`RoundPolicy.sample_size`: how many clients the loop samples for a round that aims at ``target`` reports
+  (the cohort the privacy accountant's event has; the deadline policy over-selects);
 * :meth:`RoundPolicy.close_round`: which of the clients training towards this server update enter it, how long the
   round lasts on simulated time, and the client-seconds of dropped work;
 * :attr:`RoundPolicy.buffered`, :meth:`RoundPolicy.concurrency` and :meth:`RoundPolicy.report_weight`: whether
@@ -29,7 +29,7 @@ from .policy import RoundTiming, deadline_round, over_selected, wait_for_all
 @dataclass(frozen=True)
 class RoundSetup:
     """What a policy reads of the run's settings (built from the config by
-    fedhf/trainer/config/round_policy.py)."""
+    fedhf/trainer/config/clock_policy.py)."""
 
     clients_per_round: int  # the reports a round aims for (FedBuff: the buffer)
     num_clients: int
@@ -49,13 +49,15 @@ class RoundPolicy(ABC):
     def __init__(self, setup: RoundSetup) -> None:
         self.setup = setup
 
-    def sample_size(self) -> int:
-        """How many clients the loop samples for a round (>= clients_per_round unless there are fewer clients)."""
-        return self.setup.clients_per_round
+    def sample_size(self, target: int) -> int:
+        """How many clients the loop samples for a round that aims at ``target`` reports (clients_per_round, or what
+        the round hooks before the clock answered): ``target``, or more for a policy that over-selects (>= target
+        unless there are fewer clients)."""
+        return target
 
     def concurrency(self) -> int:
         """How many clients train at once: a synchronous round's sample."""
-        return self.sample_size()
+        return self.sample_size(self.setup.clients_per_round)
 
     @abstractmethod
     def close_round(self, finish: Dict[int, float], now: float) -> RoundTiming:
@@ -86,9 +88,8 @@ class Deadline(RoundPolicy):
     """``deadline``: over-select, keep the first ``report_cap`` reports within the deadline, drop the rest
     (Bonawitz et al., MLSys 2019)."""
 
-    def sample_size(self) -> int:
-        s = self.setup
-        return over_selected(s.clients_per_round, s.over_selection, s.num_clients)
+    def sample_size(self, target: int) -> int:
+        return over_selected(target, self.setup.over_selection, self.setup.num_clients)
 
     def close_round(self, finish: Dict[int, float], now: float) -> RoundTiming:
         return deadline_round(_since(finish, now), self.setup.deadline_s, self.setup.report_cap)

@@ -79,13 +79,14 @@ def test_each_entry_is_a_round_policy_with_a_declared_mode(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_sample_is_at_least_the_target_and_at_most_every_client(name):
     case = CASES[name]
-    policy = ROUND_POLICIES[name](case.setup)
-    assert policy.sample_size() == case.sample_size
-    assert case.setup.clients_per_round <= policy.sample_size() <= case.setup.num_clients
+    policy, target = ROUND_POLICIES[name](case.setup), case.setup.clients_per_round
+    assert policy.sample_size(target) == case.sample_size
+    assert target <= policy.sample_size(target) <= case.setup.num_clients
     assert policy.concurrency() == case.concurrency
-    assert policy.concurrency() >= (case.setup.clients_per_round if policy.buffered else policy.sample_size())
-    crowded = ROUND_POLICIES[name](replace(case.setup, num_clients=case.setup.clients_per_round))
-    assert crowded.sample_size() == crowded.concurrency() == case.setup.clients_per_round  # no client twice
+    assert policy.concurrency() >= (target if policy.buffered else policy.sample_size(target))
+    crowded = ROUND_POLICIES[name](replace(case.setup, num_clients=target))
+    assert crowded.sample_size(target) == crowded.concurrency() == target  # no client twice
+    assert target - 1 <= policy.sample_size(target - 1) <= policy.sample_size(target)  # a smaller target, no more
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -145,7 +146,27 @@ def test_the_clock_hook_runs_the_configs_policy_and_answers_its_sample_size(name
                               shards=NotSharded())
     clock, run = VirtualClock(trainer), RunState({}, {}, {}, {}, rounds_done=0)
     assert type(clock.policy) is ROUND_POLICIES[name] and clock.buffered == clock.policy.buffered
-    assert clock.sample_size(trainer, run, 99) == clock.policy.sample_size() >= 2
+    assert clock.sample_size(trainer, run, 2) == clock.policy.sample_size(2) >= 2
+    # a round hook before the clock asked for 4: the policy's sample for 4 reports (the deadline over-selects it)
+    assert clock.sample_size(trainer, run, 4) == clock.policy.sample_size(4) == (6 if name == "deadline" else 4)
     off = FederatedConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_clients=6,
                           clients_per_round=2)
     assert VirtualClock(SimpleNamespace(args=off)).sample_size(trainer, run, 99) == 99  # no clock: the loop's
+
+
+def test_fedbuff_takes_next_arrivals_ties_to_the_earlier_dispatched_and_waits_for_none_already_in():
+    """FedBuff's update is the first ``buffer`` reports in arrival order, as next_arrivals picks them: equal report
+    times go to the earlier dispatched; reports that arrived before the update cost no time (the hand cases above
+    have neither ties nor early reports)."""
+    from fedhf.simulation import InFlight, next_arrivals
+
+    policy = ROUND_POLICIES["fedbuff"](RoundSetup(2, 6, report_cap=2))
+    finish = {4: 9.0, 1: 7.0, 5: 7.0, 0: 7.0, 2: 3.0}  # dispatch order; three tie at 7 s
+    timing = policy.close_round(dict(finish), 5.0)
+    assert timing.kept == [2, 1] and timing.seconds == 2.0  # 2 (3 s, already in), then 1: dispatched before 5 and 0
+    in_flight = [InFlight(c, 0, t) for c, t in finish.items()]
+    for buffer in range(len(finish) + 1):
+        picked = ROUND_POLICIES["fedbuff"](RoundSetup(buffer, 6, report_cap=buffer)).close_round(dict(finish), 5.0)
+        assert picked.kept == [f.client for f in next_arrivals(in_flight, buffer)]
+    early = policy.close_round({3: 1.0, 2: 2.0, 0: 8.0}, 4.0)  # both reports in before the update at 4 s
+    assert early.kept == [3, 2] and early.seconds == 0.0

@@ -28,4 +28,4 @@ def round_policy_of(args) -> RoundPolicy:
 def sampled_per_round(args) -> int:
     """How many clients the loop samples per round: the policy's sample size (clients_per_round; over-selected
     under the deadline policy). The loop asks the round hooks (``sample_size``), which the clock answers with this."""
-    return round_policy_of(args).sample_size()
+    return round_policy_of(args).sample_size(args.clients_per_round)

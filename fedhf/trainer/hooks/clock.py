@@ -3,8 +3,9 @@
 registry's object (fedhf/simulation/rounds.py, built by fedhf/trainer/config/clock_policy.py), which this hook
 asks and never names: it keeps the clock's state, times the clients and applies the policy's answers to the run.
 
-The loop samples the policy's ``sample_size()`` clients (``sample_size`` here; the deadline policy over-selects
-ceil((1 + over_selection) x clients_per_round)).
+The loop samples the policy's ``sample_size(target)`` clients (``sample_size`` here; ``target`` is clients_per_round
+or what the round hooks before the clock answered; the deadline policy over-selects ceil((1 + over_selection) x
+target)).
 
 Synchronous policies (``wait_all``, ``deadline``): ``select_clients`` drops the clients that are offline this round
 (seeded per (seed, round, client)), times every online client - the broadcast over its downlink, its tokens at its
@@ -113,7 +114,9 @@ class VirtualClock(RoundHook):
 
     # ------------------------------------------------------------------ which clients, how long
     def sample_size(self, trainer, run, default: int) -> int:
-        return self.policy.sample_size() if self.on else default
+        # the previous hooks' answer is the round's target, which the policy may over-select; under DP no user hook is
+        # asked (ReleasedOnly), so default is clients_per_round and the sample is the accountant's cohort
+        return self.policy.sample_size(default) if self.on else default
 
     def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
         if not self.on:

@@ -7,7 +7,9 @@ does not cover it (REVIEW Part A, N4). So under DP each user hook runs inside :c
 of the round's log, and only the keys its class lists in ``released_under_dp`` (values it vouches are computed
 from public data or from the released model alone) come back into it; every other key it adds or changes is
 withheld, with one warning per key. A hook that overrides ``select_clients`` is warned once: the accountant's
-amplification assumes the cohort is sampled independently of any client's data (S3).
+amplification assumes the cohort is sampled independently of any client's data (S3). A hook's ``sample_size`` is
+not forwarded (the accountant counts the config's cohort, fedhf/trainer/config/clock_policy.py); a hook that
+overrides it is warned once, so it is not ignored silently.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 class ReleasedOnly(RoundHook):
-    """One user hook under DP: every event forwarded; its additions to a round's log kept only where declared."""
+    """One user hook under DP: every event but ``sample_size`` forwarded; its additions to a round's log kept only
+    where declared."""
 
     def __init__(self, hook: RoundHook) -> None:
         self.hook = hook
@@ -51,7 +54,14 @@ class ReleasedOnly(RoundHook):
                            "sampling assumes each round's clients are drawn independently of any client's data; a "
                            "choice that reads client data (their updates, losses or rows) voids the epsilon "
                            "reported", type(self.hook).__name__)
+        if type(self.hook).sample_size is not RoundHook.sample_size:
+            logger.warning("dp_mode is on: %s.sample_size is not asked; every round samples the config's cohort "
+                           "(clients_per_round, over-selected by a deadline round), the one the privacy accountant "
+                           "counts", type(self.hook).__name__)
         self.hook.on_train_begin(trainer, run)
+
+    def sample_size(self, trainer, run, default: int) -> int:
+        return default  # not the user's: the loop must sample the cohort the privacy accountant counts
 
     def select_clients(self, trainer, run, clients: Sequence[int]) -> List[int]:
         return self.hook.select_clients(trainer, run, clients)

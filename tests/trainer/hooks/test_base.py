@@ -4,6 +4,8 @@ before the server update, which is where compression, local and central noise an
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from fedhf.core.message import Message
@@ -71,3 +73,41 @@ def test_the_sample_size_is_each_hooks_answer_to_the_previous_and_the_loop_sampl
                                                           local_steps=1), evaluate=False, round_hooks=[_Plus(), seen])
     trainer.train()
     assert seen.sizes == [3, 3]  # clients_per_round 2, one more asked by the hook
+
+
+class _Two(RoundHook):
+    def sample_size(self, trainer, run, default: int) -> int:
+        return 2
+
+
+class _Sampled(RoundHook):
+    """The clients the loop sampled that began the round (every client is online here)."""
+
+    def __init__(self) -> None:
+        self.sizes = []
+
+    def before_round(self, trainer, run) -> None:
+        self.sizes.append(len(run.started))
+
+
+def test_the_clock_over_selects_the_hooks_answer_and_under_dp_no_users_hook_is_asked(tmp_path, caplog):
+    """The clock comes after the user's hooks: its policy samples for the target they answered (the deadline
+    over-selects it), it does not replace it by clients_per_round. Under DP a user hook is not asked (ReleasedOnly):
+    the loop samples the accountant's cohort, the config's."""
+    from tests.tiny_bert import tiny_run
+
+    sizes = {}
+    for name, clock in {"off": {}, "wait_all": {"clock_profile": "uniform"},
+                        "deadline": {"clock_profile": "uniform", "round_policy": "deadline", "round_deadline_s": 1e9,
+                                     "over_selection": 0.5}}.items():
+        seen = _Sampled()
+        tiny_run(tmp_path, name, num_clients=8, clients_per_round=4, round_hooks=[_Two(), seen], **clock)
+        sizes[name] = seen.sizes
+    assert sizes == {"off": [2, 2], "wait_all": [2, 2], "deadline": [3, 3]}  # deadline: ceil(1.5 x 2)
+    seen = _Sampled()
+    with caplog.at_level(logging.WARNING, logger="fedhf"):
+        tiny_run(tmp_path, "dp", num_clients=8, clients_per_round=4, round_hooks=[_Two(), seen], dp_mode="central",
+                 dp_clip_norm=1.0, dp_noise_multiplier=1.0, clock_profile="uniform", round_policy="deadline",
+                 round_deadline_s=1e9, over_selection=0.5)
+    assert seen.sizes == [6, 6]  # the config's ceil(1.5 x 4), what the accountant counts
+    assert "_Two.sample_size is not asked" in caplog.text  # not silently: the user learns their hook is ignored

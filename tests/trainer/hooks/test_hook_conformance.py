@@ -172,7 +172,13 @@ def test_check_round_hook_passes_every_hook_of_the_run_and_names_a_broken_one(tr
         def after_aggregate(self, trainer, run, sums, log):
             log["x"] = 1.0
 
+    class HalfMore(RoundHook):
+        def sample_size(self, trainer, run, default):
+            return default * 1.5
+
     with pytest.raises(AssertionError, match="Repeats.select_clients answered"):
         check_round_hook(Repeats(), trained)
     with pytest.raises(AssertionError, match=r"Renamed.after_aggregate takes .*'log'\]; the protocol's"):
         check_round_hook(Renamed(), trained)
+    with pytest.raises(AssertionError, match=r"HalfMore.sample_size answered 4.5: .* a whole number"):
+        check_round_hook(HalfMore(), trained)
