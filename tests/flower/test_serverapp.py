@@ -91,6 +91,10 @@ VARIANTS = [  # (algorithm, more settings): what each exercises on the bridge
     ("fedavg", {"lora_client_ranks": [2, 4, 4, 2], "server_rule": "flexlora"}),  # heterogeneous ranks
     ("fedavg", {"uplink_compression": "int8", "error_feedback": True}),  # residuals in Context.state
     ("fedavg", {"downlink_compression": "int8"}),  # the clients receive the server's x_hat
+    # 4 rounds of 2 (seed 3: [0, 3], [2, 1], [0, 2], [0, 3]): client 0's c_i and residual wait in Context.state
+    # through round 2, in which its node trains client 1 only, and are used again in round 3
+    ("scaffold", {"seed": 3, "num_rounds": 4, "clients_per_round": 2, "uplink_compression": "int8",
+                  "error_feedback": True}),
 ]
 
 
@@ -128,3 +132,13 @@ def test_a_client_no_node_holds_is_named(tmp_path):
 def test_a_refused_setting_stops_the_run_before_any_node_works(tmp_path):
     with pytest.raises(ValueError, match="batched_clients"):
         run_bridge(tmp_path, "fedavg", {"batched_clients": 2})
+
+
+@pytest.mark.parametrize("other", [{"local_steps": 5}, {"seed": 7}, {"max_grad_norm": 0.01}, {"algorithm": "scaffold"}])
+def test_a_node_built_with_other_settings_gets_an_error_naming_it(tmp_path, other):
+    """Its model matches the server's, but its clients would train otherwise (without the check: a silently
+    different model, up to 4e-3 away from the simulation's)."""
+    node_factory = functools.partial(app_module().make_trainer, **other)
+    with pytest.raises(RuntimeError, match=r"round 1: node 1[01] failed: .*node 1[01] \(partition-ids \[.*\]\): "
+                                           rf"\d+ settings differ from the server's \(.*{next(iter(other))}: server"):
+        run_bridge(tmp_path, "fedavg", node_factory=node_factory)
