@@ -1,5 +1,6 @@
 """The bridge's ServerApp and ClientApp in one process, through an in-process stand-in for Flower's Grid (no
-transport: each message is handed to the node's ClientApp with that node's own Context, as a SuperNode does). Fast
+transport: each message, serialised as Flower does, is handed to the node's ClientApp with a serialised copy of that
+node's own Context, as a SuperNode does; replies come back out of order). Fast
 checks of what tests/flower/test_parity.py checks over real processes, and of the errors a bad node gets."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ pytest.importorskip("flwr")
 
 import torch  # noqa: E402
 from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.common.serde import (context_from_proto, context_to_proto, message_from_proto,  # noqa: E402
+                               message_to_proto)
 
 from fedhf.core.params import trainable_parameters  # noqa: E402
 from fedhf.flower import build_client_app, build_server_app  # noqa: E402
@@ -30,9 +33,21 @@ def task_identity(monkeypatch):
         monkeypatch.setattr(TaskIdentity, name, value)
 
 
+def over_the_wire(message: Message) -> Message:
+    """What a process boundary does to a message: Flower's protobuf form and back (records serialised)."""
+    return message_from_proto(message_to_proto(message))
+
+
+def node_process_copy(context: Context) -> Context:
+    """A ClientApp process's Context: the SuperNode's, serialised to it (and its state back when it replies)."""
+    return context_from_proto(context_to_proto(context))
+
+
 class InProcessGrid:
     """What RemoteClients uses of a Grid: the node ids, and send_and_receive (an exception becomes an error reply,
-    as a SuperNode reports a failed ClientApp)."""
+    as a SuperNode reports a failed ClientApp). Messages and node state cross Flower's serialisation, as between
+    processes, and the replies come back in the reverse of the order sent (a real Grid returns them as they
+    arrive)."""
 
     def __init__(self, client_app, contexts) -> None:
         self.client_app, self.contexts, self.messages = client_app, contexts, 0
@@ -44,11 +59,14 @@ class InProcessGrid:
         replies = []
         for message in messages:
             self.messages += 1
+            node = message.metadata.dst_node_id
+            context = node_process_copy(self.contexts[node])
             try:
-                replies.append(self.client_app(message, self.contexts[message.metadata.dst_node_id]))
+                replies.append(over_the_wire(self.client_app(over_the_wire(message), context)))
+                self.contexts[node] = node_process_copy(context)  # the state the SuperNode keeps for the run
             except Exception as error:  # noqa: BLE001 -- the node's failure, reported to the server
                 replies.append(Message(Error(code=0, reason=f"{type(error).__name__}: {error}"), reply_to=message))
-        return replies
+        return replies[::-1]
 
 
 def run_bridge(tmp_path, algorithm, settings=None, nodes=((0, 1), (2, 3)), node_factory=None, num_rounds=2):
