@@ -72,6 +72,8 @@ def build_client_app(make_trainer: TrainerFactory) -> ClientApp:
     return app
 
 
-def client_tensors(reply: Message, client_id: int) -> TensorDict:
-    return from_record(reply.content[f"client.{client_id}"], reply.content[f"client.{client_id}.raw"])
+def client_tensors(reply: Message, client_id: int, device="cpu") -> TensorDict:
+    """One client's sums from its node's reply, on ``device`` (the server's model device: the server halves combine
+    them with the global model there, as the simulation's sums are made on it)."""
+    return from_record(reply.content[f"client.{client_id}"], reply.content[f"client.{client_id}.raw"], device)
 

@@ -98,7 +98,7 @@ class RemoteClients(Runner):
                              " start a flower-supernode with their partition-ids, or raise min-nodes.")
         downlink_each = downlink_bytes_each(self.trainer, run)
         for cid in sorted(clients):  # the simulation's order: each client's messages, then its downlink count
-            add_client_sums(sums, cid, client_tensors(trained_by[cid], cid))
+            add_client_sums(sums, cid, client_tensors(trained_by[cid], cid, self.trainer.model_device))
             sums.add("downlink_bytes", downlink_each)
 
 

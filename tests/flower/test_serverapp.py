@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("flwr")
 
 import torch  # noqa: E402
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict  # noqa: E402
 from flwr.common.serde import (context_from_proto, context_to_proto, message_from_proto,  # noqa: E402
                                message_to_proto)
 
@@ -160,3 +160,33 @@ def test_a_node_built_with_other_settings_gets_an_error_naming_it(tmp_path, othe
     with pytest.raises(RuntimeError, match=r"round 1: node 1[01] failed: .*node 1[01] \(partition-ids \[.*\]\): "
                                            rf"\d+ settings differ from the server's \(.*{next(iter(other))}: server"):
         run_bridge(tmp_path, "fedavg", node_factory=node_factory)
+
+
+def test_the_clients_sums_are_put_on_the_servers_model_device():
+    """A GPU server adds the nodes' sums to its global model on the GPU; they arrive as numpy arrays (CPU). Here the
+    server's device is ``meta``, which a CPU has too (before the fix the sums stayed on the CPU)."""
+    from types import SimpleNamespace
+
+    from fedhf.core.sums import RoundSums
+    from fedhf.flower import RemoteClients
+    from fedhf.flower.records import to_record
+
+    trainer = SimpleNamespace(model_device=torch.device("meta"),
+                              hooks=SimpleNamespace(broadcast_bytes=lambda t, r, d: d),
+                              args=SimpleNamespace(fingerprint_fields=lambda: ()),
+                              algorithm=SimpleNamespace(describe=lambda: "fedavg"))
+    run = SimpleNamespace(global_params={"w": torch.zeros(2)}, global_buffers={}, correction_state={}, sync_state={},
+                          base_params={}, rounds_done=0)
+
+    class OneNode:
+        def get_node_ids(self):
+            return [5]
+
+        def send_and_receive(self, messages, *, timeout=None):
+            reply = RecordDict({"fedhf": ConfigRecord({"partition-ids": [0], "trained": [0]})})
+            reply["client.0"], reply["client.0.raw"] = to_record({"dx.w": torch.ones(2, dtype=torch.float64)})
+            return [Message(reply, reply_to=m) for m in messages]
+
+    sums = RoundSums()
+    RemoteClients(trainer, OneNode(), 1, 1.0).train_clients(run, [0], 0.1, sums)
+    assert sums.get("dx.w").device.type == "meta"
