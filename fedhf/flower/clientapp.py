@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from ..core.params import TensorDict
-from .node_round import SENT_GROUPS, STORE, STORE_RAW, NodeRound
+from .node_round import SENT_GROUPS, STORE, STORE_RAW, NodeRound, check_same_settings, run_settings
 from .records import from_record, to_record, unflatten_groups
 
 TrainerFactory = Callable[[Context, Optional[List[int]]], object]  # (context, partition ids or None) -> trainer
@@ -52,12 +52,13 @@ def build_client_app(make_trainer: TrainerFactory) -> ClientApp:
     @app.train()
     def train(message: Message, context: Context) -> Message:
         trainer = make_trainer(context, partition_ids(context))
+        config = message.content["fedhf"]
+        check_same_settings(node_name(context), run_settings(trainer), str(config["settings"]))  # before any work
         node = NodeRound(trainer, node_name(context))
         _load_store(trainer, context)
         content = message.content
         groups = unflatten_groups(from_record(content["fedhf.global"], content["fedhf.global.raw"],
                                               trainer.model_device), SENT_GROUPS)
-        config = content["fedhf"]
         participants = [int(c) for c in config["participants"]]
         ids = partition_ids(context)
         clients = sorted(set(participants) & set(ids))  # this node's share of the round, in the simulation's order
@@ -71,6 +72,8 @@ def build_client_app(make_trainer: TrainerFactory) -> ClientApp:
     return app
 
 
-def client_tensors(reply: Message, client_id: int) -> TensorDict:
-    return from_record(reply.content[f"client.{client_id}"], reply.content[f"client.{client_id}.raw"])
+def client_tensors(reply: Message, client_id: int, device="cpu") -> TensorDict:
+    """One client's sums from its node's reply, on ``device`` (the server's model device: the server halves combine
+    them with the global model there, as the simulation's sums are made on it)."""
+    return from_record(reply.content[f"client.{client_id}"], reply.content[f"client.{client_id}.raw"], device)
 

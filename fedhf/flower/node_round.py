@@ -12,11 +12,12 @@ client store; between rounds it is kept in Flower's ``Context.state`` (:data:`ST
 
 from __future__ import annotations
 
+import json
 from typing import Dict, Mapping, Sequence
 
 from ..core.params import TensorDict, load_into
 from ..core.sums import RoundSums
-from ..state.run import RunState
+from ..state.run import RunState, fingerprint
 from .records import sums_tensors
 
 STORE = "fedhf.client_store"  # Context.state's ArrayRecord of the node's client store (ClientStateStore.to_tensors)
@@ -35,6 +36,23 @@ def check_same_model(name: str, mine: Mapping, sent: Mapping) -> None:
         raise ValueError(f"{name}: the server's model does not match this node's: {len(only_server)} tensors "
                          f"(name, shape) only on the server {only_server[:3]}, {len(only_node)} only on the node "
                          f"{only_node[:3]}; build both from the same model and adapter config.")
+
+
+def run_settings(trainer) -> str:
+    """The settings that decide a round's numbers, as JSON: the fields a resumed run must match and the algorithm as
+    built (fedhf/trainer/config/resume_fields.py), so a field added there is checked here too."""
+    return json.dumps(fingerprint(trainer.args, trainer.algorithm), sort_keys=True, default=str)
+
+
+def check_same_settings(name: str, mine: str, sent: str) -> None:
+    """The server's :func:`run_settings` ``sent`` must be this node's ``mine``: a node built with another seed,
+    local_steps, algorithm, batch size, ... would train its clients otherwise without any error."""
+    own, theirs = json.loads(mine), json.loads(sent)
+    differ = sorted(k for k in set(own) | set(theirs) if own.get(k) != theirs.get(k))
+    if differ:
+        details = "; ".join(f"{k}: server {theirs.get(k)!r}, node {own.get(k)!r}" for k in differ[:5])
+        raise ValueError(f"{name}: {len(differ)} settings differ from the server's ({details}); build both trainers "
+                         "from the same config (make_trainer).")
 
 
 class NodeRound:

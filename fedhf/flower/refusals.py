@@ -38,6 +38,9 @@ REFUSALS: List[Refusal] = [
      "`drift_spectral`: it needs every client's Theta_i on the server (the summed drift still travels)"),
     (lambda t: bool(t.args.neftune_noise_alpha),
      "`neftune_noise_alpha`: the embedding noise hook is attached by the server's run, not on the nodes"),
+    (lambda t: t.args.client_state_budget_mb is not None,
+     "`client_state_budget_mb`: a node's client state is kept between rounds in Flower's Context.state, in memory, "
+     "all of it (a budget would spill nothing there); leave it unset, or give a node fewer clients"),
     (lambda t: bool(t.args.fp16),
      "`fp16`: the loss scale is one state shared by every client's steps in the simulation; nodes would diverge"),
 ]

@@ -20,7 +20,7 @@ from ..core.params import num_bytes
 from ..core.sums import RoundSums
 from ..trainer.runners.base import Runner
 from .clientapp import PARTITION_IDS, TrainerFactory, client_tensors
-from .node_round import SENT_GROUPS
+from .node_round import SENT_GROUPS, run_settings
 from .records import add_client_sums, flatten_groups, to_record
 from .refusals import check_deployable
 
@@ -71,7 +71,8 @@ class RemoteClients(Runner):
 
     def train_clients(self, run, clients: Sequence[int], round_lr: float, sums: RoundSums) -> None:
         arrays = flatten_groups({group: getattr(run, group) for group in SENT_GROUPS})
-        config = {"round": run.rounds_done, "round_lr": float(round_lr), "participants": [int(c) for c in clients]}
+        config = {"round": run.rounds_done, "round_lr": float(round_lr), "participants": [int(c) for c in clients],
+                  "settings": run_settings(self.trainer)}  # each node checks its own against it
         messages = []
         for node in self.destinations(clients):
             record, raw = to_record(arrays)
@@ -97,7 +98,7 @@ class RemoteClients(Runner):
                              " start a flower-supernode with their partition-ids, or raise min-nodes.")
         downlink_each = downlink_bytes_each(self.trainer, run)
         for cid in sorted(clients):  # the simulation's order: each client's messages, then its downlink count
-            add_client_sums(sums, cid, client_tensors(trained_by[cid], cid))
+            add_client_sums(sums, cid, client_tensors(trained_by[cid], cid, self.trainer.model_device))
             sums.add("downlink_bytes", downlink_each)
 
 

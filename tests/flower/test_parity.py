@@ -1,8 +1,13 @@
 """Deployment parity: fedhf's tiny reference run through a real Flower deployment on loopback (a
 ``flower-superlink`` and two ``flower-supernode`` processes, nodes holding clients {0, 1} and {2, 3}, started by
-``flwr run``) ends with the simulation's global model, bit for bit, for FedAvg and SCAFFOLD (whose c_i lives in each
-node's Context.state between the two rounds). The simulation is the same app's ``make_trainer`` trained in this
-process. One deployment serves both runs (each ``flwr run`` is a new run on it)."""
+``flwr run``) ends with the simulation's global model, bit for bit, for SCAFFOLD (whose c_i lives in each node's
+Context.state between the two rounds). The simulation is the same app's ``make_trainer`` trained in this process.
+
+One run only: a ``flwr run`` costs minutes here (a ServerApp and, per round and node, a ClientApp process, each
+importing torch and building its trainer), and SCAFFOLD's path is FedAvg's (global tensors out, each client's sums
+back) plus correction state both ways and node state between rounds; FedAvg and ten more settings cross the same
+ServerApp and ClientApp in tests/flower/test_serverapp.py, and benchmarks/flower_parity.py deploys FedAvg, SCAFFOLD
+and FedMuon."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from fedhf.core.params import trainable_parameters  # noqa: E402
 
 from .tiny_app import app_module, deploy, max_difference, simulate  # noqa: E402
 
-ALGORITHMS = ("fedavg", "scaffold")
+ALGORITHMS = ("scaffold",)
 
 
 @pytest.fixture(scope="module")

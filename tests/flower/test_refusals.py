@@ -27,6 +27,7 @@ def test_a_plain_run_is_deployable(tmp_path):
 @pytest.mark.parametrize("settings, named", [
     ({"batched_clients": 2}, "batched_clients"),
     ({"parameter_sharing": "fedsa"}, "personal tensors"),
+    ({"client_state_budget_mb": 1.0}, "client_state_budget_mb"),  # Context.state holds every client's state
 ])
 def test_what_cannot_be_deployed_is_refused_with_its_reason(tmp_path, settings, named):
     built = trainer(tmp_path, **settings)

@@ -1,5 +1,6 @@
 """The bridge's ServerApp and ClientApp in one process, through an in-process stand-in for Flower's Grid (no
-transport: each message is handed to the node's ClientApp with that node's own Context, as a SuperNode does). Fast
+transport: each message, serialised as Flower does, is handed to the node's ClientApp with a serialised copy of that
+node's own Context, as a SuperNode does; replies come back out of order). Fast
 checks of what tests/flower/test_parity.py checks over real processes, and of the errors a bad node gets."""
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import pytest
 pytest.importorskip("flwr")
 
 import torch  # noqa: E402
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict  # noqa: E402
+from flwr.common.serde import (context_from_proto, context_to_proto, message_from_proto,  # noqa: E402
+                               message_to_proto)
 
 from fedhf.core.params import trainable_parameters  # noqa: E402
 from fedhf.flower import build_client_app, build_server_app  # noqa: E402
@@ -30,9 +33,21 @@ def task_identity(monkeypatch):
         monkeypatch.setattr(TaskIdentity, name, value)
 
 
+def over_the_wire(message: Message) -> Message:
+    """What a process boundary does to a message: Flower's protobuf form and back (records serialised)."""
+    return message_from_proto(message_to_proto(message))
+
+
+def node_process_copy(context: Context) -> Context:
+    """A ClientApp process's Context: the SuperNode's, serialised to it (and its state back when it replies)."""
+    return context_from_proto(context_to_proto(context))
+
+
 class InProcessGrid:
     """What RemoteClients uses of a Grid: the node ids, and send_and_receive (an exception becomes an error reply,
-    as a SuperNode reports a failed ClientApp)."""
+    as a SuperNode reports a failed ClientApp). Messages and node state cross Flower's serialisation, as between
+    processes, and the replies come back in the reverse of the order sent (a real Grid returns them as they
+    arrive)."""
 
     def __init__(self, client_app, contexts) -> None:
         self.client_app, self.contexts, self.messages = client_app, contexts, 0
@@ -44,11 +59,14 @@ class InProcessGrid:
         replies = []
         for message in messages:
             self.messages += 1
+            node = message.metadata.dst_node_id
+            context = node_process_copy(self.contexts[node])
             try:
-                replies.append(self.client_app(message, self.contexts[message.metadata.dst_node_id]))
+                replies.append(over_the_wire(self.client_app(over_the_wire(message), context)))
+                self.contexts[node] = node_process_copy(context)  # the state the SuperNode keeps for the run
             except Exception as error:  # noqa: BLE001 -- the node's failure, reported to the server
                 replies.append(Message(Error(code=0, reason=f"{type(error).__name__}: {error}"), reply_to=message))
-        return replies
+        return replies[::-1]
 
 
 def run_bridge(tmp_path, algorithm, settings=None, nodes=((0, 1), (2, 3)), node_factory=None, num_rounds=2):
@@ -91,6 +109,10 @@ VARIANTS = [  # (algorithm, more settings): what each exercises on the bridge
     ("fedavg", {"lora_client_ranks": [2, 4, 4, 2], "server_rule": "flexlora"}),  # heterogeneous ranks
     ("fedavg", {"uplink_compression": "int8", "error_feedback": True}),  # residuals in Context.state
     ("fedavg", {"downlink_compression": "int8"}),  # the clients receive the server's x_hat
+    # 4 rounds of 2 (seed 3: [0, 3], [2, 1], [0, 2], [0, 3]): client 0's c_i and residual wait in Context.state
+    # through round 2, in which its node trains client 1 only, and are used again in round 3
+    ("scaffold", {"seed": 3, "num_rounds": 4, "clients_per_round": 2, "uplink_compression": "int8",
+                  "error_feedback": True}),
 ]
 
 
@@ -128,3 +150,43 @@ def test_a_client_no_node_holds_is_named(tmp_path):
 def test_a_refused_setting_stops_the_run_before_any_node_works(tmp_path):
     with pytest.raises(ValueError, match="batched_clients"):
         run_bridge(tmp_path, "fedavg", {"batched_clients": 2})
+
+
+@pytest.mark.parametrize("other", [{"local_steps": 5}, {"seed": 7}, {"max_grad_norm": 0.01}, {"algorithm": "scaffold"}])
+def test_a_node_built_with_other_settings_gets_an_error_naming_it(tmp_path, other):
+    """Its model matches the server's, but its clients would train otherwise (without the check: a silently
+    different model, up to 4e-3 away from the simulation's)."""
+    node_factory = functools.partial(app_module().make_trainer, **other)
+    with pytest.raises(RuntimeError, match=r"round 1: node 1[01] failed: .*node 1[01] \(partition-ids \[.*\]\): "
+                                           rf"\d+ settings differ from the server's \(.*{next(iter(other))}: server"):
+        run_bridge(tmp_path, "fedavg", node_factory=node_factory)
+
+
+def test_the_clients_sums_are_put_on_the_servers_model_device():
+    """A GPU server adds the nodes' sums to its global model on the GPU; they arrive as numpy arrays (CPU). Here the
+    server's device is ``meta``, which a CPU has too (before the fix the sums stayed on the CPU)."""
+    from types import SimpleNamespace
+
+    from fedhf.core.sums import RoundSums
+    from fedhf.flower import RemoteClients
+    from fedhf.flower.records import to_record
+
+    trainer = SimpleNamespace(model_device=torch.device("meta"),
+                              hooks=SimpleNamespace(broadcast_bytes=lambda t, r, d: d),
+                              args=SimpleNamespace(fingerprint_fields=lambda: ()),
+                              algorithm=SimpleNamespace(describe=lambda: "fedavg"))
+    run = SimpleNamespace(global_params={"w": torch.zeros(2)}, global_buffers={}, correction_state={}, sync_state={},
+                          base_params={}, rounds_done=0)
+
+    class OneNode:
+        def get_node_ids(self):
+            return [5]
+
+        def send_and_receive(self, messages, *, timeout=None):
+            reply = RecordDict({"fedhf": ConfigRecord({"partition-ids": [0], "trained": [0]})})
+            reply["client.0"], reply["client.0.raw"] = to_record({"dx.w": torch.ones(2, dtype=torch.float64)})
+            return [Message(reply, reply_to=m) for m in messages]
+
+    sums = RoundSums()
+    RemoteClients(trainer, OneNode(), 1, 1.0).train_clients(run, [0], 0.1, sums)
+    assert sums.get("dx.w").device.type == "meta"
