@@ -17,6 +17,7 @@ from fedhf import RoundHook
 from fedhf.core.schedule import round_clients, stream_seed
 from fedhf.core.sums import RoundSums
 from fedhf.privacy import adaptive_clip_update
+from fedhf.privacy.mechanisms import MECHANISMS
 from fedhf.trainer.hooks.privacy import CHECKPOINT_GROUP, COHORT_STREAM, Privacy
 from tests.tiny_bert import tiny_config, tiny_run
 
@@ -231,6 +232,24 @@ def test_a_dp_runs_log_holds_exactly_what_the_docs_list_as_released(tmp_path):
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "privacy.md")).read()
     released = doc[doc.index("## What is released"):doc.index("Not released under DP")]
     assert all(f"`{key}`" in released for key in RELEASED | CLOCK_COLUMNS)
+
+
+# what each mechanism's release_report adds to a round's log beside dp_epsilon (docs/privacy.md lists these too)
+REPORTED = {"central": set(), "distributed": {"dp_epsilon_vs_server_one_round", "dp_epsilon_vs_server_every_round"}}
+
+
+@pytest.mark.parametrize("mode", sorted(MECHANISMS))
+def test_every_mechanisms_log_holds_exactly_what_the_docs_list_as_released(tmp_path, mode):
+    """The central test above, for every registered mechanism: a mechanism's ``release_report`` writes keys into the
+    log, and each must be in the docs' released list (before: distributed DP's two epsilons against the server were
+    written but not listed)."""
+    settings = {**DP, "dp_mode": mode, **({"secure_aggregation": True} if MECHANISMS[mode].needs_secure_aggregation
+                                         else {})}
+    trainer = tiny_run(tmp_path, num_rounds=1, **settings)
+    assert set(_history_file(trainer)[0]) == RELEASED | REPORTED[mode]
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "privacy.md")).read()
+    released = doc[doc.index("## What is released"):doc.index("Not released under DP")]
+    assert all(f"`{key}`" in released for key in RELEASED | REPORTED[mode])
 
 
 def test_a_distributed_dp_run_resumed_after_a_checkpoint_is_bit_identical_when_clients_join_later(tmp_path):
