@@ -39,6 +39,25 @@ def test_native_bfloat16_batches_are_torch_muon(shapes):
         assert torch.equal(opt.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"])
 
 
+
+@pytest.mark.parametrize("adjust_lr_fn", ["original", "match_rms_adamw"])
+def test_each_lr_adjustment_is_torch_muons(adjust_lr_fn):
+    """torch's adjust_lr_fn, bit for bit (native bfloat16 iterations): "match_rms_adamw" scales a (rows, cols)
+    matrix's lr by 0.2 sqrt(max(rows, cols)), "original" by sqrt(max(1, rows / cols))."""
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(*s) * 0.1) for s in LORA + FULL]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = BatchedMuon(ours, lr=0.02, weight_decay=0.01, adjust_lr_fn=adjust_lr_fn, matmul="bfloat16")
+    reference = torch.optim.Muon(ref, lr=0.02, weight_decay=0.01, adjust_lr_fn=adjust_lr_fn)
+    for _ in range(2):
+        for p, q in zip(ours, ref):
+            p.grad = torch.randn(p.shape)
+            q.grad = p.grad.clone()
+        opt.step()
+        reference.step()
+    for p, q in zip(ours, ref):
+        assert torch.equal(p, q)
+
 @pytest.mark.parametrize("shapes", [LORA, FULL])
 def test_float32_accumulation_stays_within_bfloat16_rounding_of_torch(shapes):
     """matmul="float32_accumulate" (the default on CPUs without bfloat16 units): each parameter is within 2 % of

@@ -62,6 +62,21 @@ def test_sum_and_ema_forms_take_the_same_steps_without_nesterov():
     torch.testing.assert_close(sum_buf * (1 - mu), ema_buf)
 
 
+
+def test_sum_and_ema_forms_take_the_same_steps_with_nesterov():
+    """With Nesterov too: B_sum = B_ema / (1 - mu), so U_sum = G + mu B_sum = U_ema / (1 - mu), the same direction
+    (fedhf/optim/muon_step.py writes both forms)."""
+    start, grads, mu = torch.randn(6, 4, dtype=torch.float64), [g.double() for g in _grads(3, seed=3)], 0.9
+    sums, sum_buf = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=True, momentum_form="sum",
+                                ortho="svd")
+    emas, ema_buf = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=True, momentum_form="ema",
+                                ortho="svd")
+    torch.testing.assert_close(sums, emas)
+    torch.testing.assert_close(sum_buf * (1 - mu), ema_buf)
+    plain, _ = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=False, momentum_form="sum",
+                           ortho="svd")
+    assert not torch.allclose(sums, plain)  # Nesterov changed the steps: the comparison above is not vacuous
+
 def test_a_zero_momentum_gives_no_step():
     """NS5(0) = 0 thanks to its eps; the polar factor of 0 is 0 too (LoRA A at init has a zero gradient)."""
     p = torch.nn.Parameter(torch.ones(3, 5))
