@@ -330,6 +330,20 @@ def test_an_overridden_compute_loss_is_refused_before_work(tmp_path, tokenizer, 
         torch.testing.assert_close(value, start[name], rtol=0, atol=0, msg=name)
 
 
+class _CountedSteps(FederatedTrainer):
+    """A user's ``_local_steps`` override (the documented per-client seam): batched chunks never call it."""
+
+    def _local_steps(self, ctx, optimizer):
+        return super()._local_steps(ctx, optimizer)
+
+
+def test_an_overridden_local_steps_is_refused_with_batched_clients(tmp_path, tokenizer, sft):
+    args = config(tmp_path, batched_clients=2, num_clients=2, clients_per_round=2, partition="iid")
+    with pytest.raises(ValueError, match="batched_clients=2.*_local_steps.*_CountedSteps.*steps the chunk"):
+        _CountedSteps(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=sft["train"],
+                      data_collator=SFTCollator(tokenizer))
+
+
 def test_trls_sft_trainer_with_batched_clients_is_refused_naming_the_fix(tmp_path, tokenizer):
     from datasets import Dataset
 

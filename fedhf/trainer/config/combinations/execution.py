@@ -16,19 +16,22 @@ from .refusal import Refusal, Setup, batched, sharded
 
 
 def _overridden_loss(s: Setup) -> List[str]:
-    """The shared pass computes each client's loss from the logits (the model's plain mean) and never calls
-    ``compute_loss`` or ``training_step``; an override of either (a user's, or trl's SFTTrainer's: its ``dft`` loss,
-    MoE auxiliary loss and token metrics) would be skipped silently, so it is refused. The trainer's own methods
-    (``s.trainer_class``'s, handed in by the trainer) are the shared pass's."""
+    """The shared pass computes each client's loss from the logits (the model's plain mean) and steps the chunk's
+    clients together: it never calls ``compute_loss``, ``training_step`` or the trainer's per-client
+    ``_local_steps``; an override of any (a user's, or trl's SFTTrainer's: its ``dft`` loss, MoE auxiliary loss and
+    token metrics) would be skipped silently, so it is refused. The trainer's own methods (``s.trainer_class``'s,
+    handed in by the trainer) are the shared pass's."""
     cls = type(s.trainer)
-    return [name for name in ("compute_loss", "training_step")
-            if getattr(cls, name) not in (getattr(Trainer, name), getattr(s.trainer_class, name))]
+    return [name for name in ("compute_loss", "training_step", "_local_steps")
+            if getattr(cls, name) not in (getattr(Trainer, name, None), getattr(s.trainer_class, name))]
 
 
 def _overridden_text(s: Setup) -> str:
     cls = type(s.trainer)
-    return "; ".join(f"an overridden `{name}` ({getattr(cls, name).__qualname__}: the shared pass computes each "
-                     f"client's loss from the logits and would skip it; trl's SFTTrainer overrides both)"
+    return "; ".join(f"an overridden `{name}` ({getattr(cls, name).__qualname__}: the shared pass "
+                     + ("steps the chunk's clients together and would skip it)" if name == "_local_steps" else
+                        "computes each client's loss from the logits and would skip it; trl's SFTTrainer overrides "
+                        "both)")
                      for name in _overridden_loss(s))
 
 
