@@ -170,3 +170,13 @@ def without_timings(history: list) -> list:
     """A history without its wall-clock entries (runtimes, throughputs, preparation and compression seconds), which
     no two runs share; everything else must match bit for bit between two runs of the same seed."""
     return [{k: v for k, v in entry.items() if not k.endswith(WALL_CLOCK_SUFFIXES)} for entry in history]
+
+
+def step_alike(optimizer, reference, ours, theirs, steps: int) -> None:
+    """``steps`` steps of two optimizers over twin parameter lists, each step's random gradients the same on both."""
+    for _ in range(steps):
+        for p, q in zip(ours, theirs):
+            p.grad = torch.randn(p.shape)
+            q.grad = p.grad.clone()
+        optimizer.step()
+        reference.step()

@@ -7,6 +7,8 @@ from fedhf.optim import MuonAdamW
 from fedhf.optim.muon_batched import BatchedMuon, batched_newton_schulz
 from torch.optim._muon import _zeropower_via_newtonschulz
 
+from tests.helpers import step_alike
+
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # A LoRA model's factors (A: r x d, B: d x r, the tall B iterated as its transpose) and a full layer's weights.
 LORA = [(4, 24), (24, 4), (4, 24), (24, 4), (4, 48), (48, 4)]
@@ -49,12 +51,7 @@ def test_each_lr_adjustment_is_torch_muons(adjust_lr_fn):
     ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     opt = BatchedMuon(ours, lr=0.02, weight_decay=0.01, adjust_lr_fn=adjust_lr_fn, matmul="bfloat16")
     reference = torch.optim.Muon(ref, lr=0.02, weight_decay=0.01, adjust_lr_fn=adjust_lr_fn)
-    for _ in range(2):
-        for p, q in zip(ours, ref):
-            p.grad = torch.randn(p.shape)
-            q.grad = p.grad.clone()
-        opt.step()
-        reference.step()
+    step_alike(opt, reference, ours, ref, steps=2)
     for p, q in zip(ours, ref):
         assert torch.equal(p, q)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedhf.optim.sharded_muon import ShardedMuon
+from tests.helpers import step_alike
 
 
 class _OneShard:
@@ -30,12 +31,7 @@ def test_one_process_is_torch_muon_bit_for_bit(adjust_lr_fn, nesterov):
     reference = torch.optim.Muon(ref, lr=0.02, weight_decay=0.01, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn)
     optimizer = ShardedMuon(torch.optim.Muon(ours, lr=0.02, weight_decay=0.01, nesterov=nesterov,
                                              adjust_lr_fn=adjust_lr_fn).param_groups, _OneShard())
-    for _ in range(3):
-        for p, q in zip(ours, ref):
-            p.grad = torch.randn(p.shape)
-            q.grad = p.grad.clone()
-        optimizer.step()
-        reference.step()
+    step_alike(optimizer, reference, ours, ref, steps=3)
     for p, q in zip(ours, ref):
         assert torch.equal(p, q)
         assert torch.equal(optimizer.state[p]["momentum_buffer"], reference.state[q]["momentum_buffer"])
