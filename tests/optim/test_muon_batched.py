@@ -22,12 +22,7 @@ def _trajectories(shapes, steps=3, **batched):
     ref = [torch.nn.Parameter(w.clone()) for w in start]
     opt = BatchedMuon(ours, lr=0.02, weight_decay=0.01, **batched)
     reference = torch.optim.Muon(ref, lr=0.02, weight_decay=0.01)
-    for _ in range(steps):
-        for p, q in zip(ours, ref):
-            p.grad = torch.randn(p.shape)
-            q.grad = p.grad.clone()
-        opt.step()
-        reference.step()
+    step_alike(opt, reference, ours, ref, steps)
     return ours, ref, opt, reference
 
 

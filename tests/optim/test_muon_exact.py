@@ -51,31 +51,21 @@ def test_svd_step_is_the_polar_factor_of_the_sum_form_momentum():
     assert step.abs().max() > 0
 
 
-def test_sum_and_ema_forms_take_the_same_steps_without_nesterov():
-    """Orthogonalisation ignores the scale of U, so only the buffers differ, by 1 / (1 - mu) (docs/algorithms.md 1.3)."""
-    start, grads, mu = torch.randn(6, 4, dtype=torch.float64), [g.double() for g in _grads(3, seed=2)], 0.9
-    sums, sum_buf = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=False, momentum_form="sum",
-                                ortho="svd")
-    emas, ema_buf = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=False, momentum_form="ema",
-                                ortho="svd")
-    torch.testing.assert_close(sums, emas)
-    torch.testing.assert_close(sum_buf * (1 - mu), ema_buf)
-
-
-
-def test_sum_and_ema_forms_take_the_same_steps_with_nesterov():
-    """With Nesterov too: B_sum = B_ema / (1 - mu), so U_sum = G + mu B_sum = U_ema / (1 - mu), the same direction
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sum_and_ema_forms_take_the_same_steps(nesterov):
+    """Orthogonalisation ignores the scale of U, so only the buffers differ, by 1 / (1 - mu) (docs/algorithms.md 1.3);
+    with Nesterov too: B_sum = B_ema / (1 - mu), so U_sum = G + mu B_sum = U_ema / (1 - mu), the same direction
     (fedhf/optim/muon_step.py writes both forms)."""
-    start, grads, mu = torch.randn(6, 4, dtype=torch.float64), [g.double() for g in _grads(3, seed=3)], 0.9
-    sums, sum_buf = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=True, momentum_form="sum",
-                                ortho="svd")
-    emas, ema_buf = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=True, momentum_form="ema",
-                                ortho="svd")
+    start, grads, mu = torch.randn(6, 4, dtype=torch.float64), [g.double() for g in _grads(3, seed=2 + nesterov)], 0.9
+    kwargs = dict(lr=0.05, momentum=mu, nesterov=nesterov, ortho="svd")
+    sums, sum_buf = _trajectory(ExactMuon, grads, start, momentum_form="sum", **kwargs)
+    emas, ema_buf = _trajectory(ExactMuon, grads, start, momentum_form="ema", **kwargs)
     torch.testing.assert_close(sums, emas)
     torch.testing.assert_close(sum_buf * (1 - mu), ema_buf)
-    plain, _ = _trajectory(ExactMuon, grads, start, lr=0.05, momentum=mu, nesterov=False, momentum_form="sum",
-                           ortho="svd")
-    assert not torch.allclose(sums, plain)  # Nesterov changed the steps: the comparison above is not vacuous
+    if nesterov:
+        plain, _ = _trajectory(ExactMuon, grads, start, **{**kwargs, "nesterov": False}, momentum_form="sum")
+        assert not torch.allclose(sums, plain)  # Nesterov changed the steps: the comparison above is not vacuous
+
 
 def test_a_zero_momentum_gives_no_step():
     """NS5(0) = 0 thanks to its eps; the polar factor of 0 is 0 too (LoRA A at init has a zero gradient)."""

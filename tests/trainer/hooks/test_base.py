@@ -54,12 +54,15 @@ class _Double(RoundHook):
         return 2 * default
 
 
-class _Cohorts(RoundHook):
-    def __init__(self) -> None:
-        self.sizes = []
+class _Sizes(RoundHook):
+    """Each round's count of the clients ``which(run)`` names (run.cohort, or run.started: those the loop sampled
+    that began the round)."""
+
+    def __init__(self, which) -> None:
+        self.which, self.sizes = which, []
 
     def before_round(self, trainer, run) -> None:
-        self.sizes.append(len(run.cohort))
+        self.sizes.append(len(self.which(run)))
 
 
 def test_the_sample_size_is_each_hooks_answer_to_the_previous_and_the_loop_samples_it(digits, tmp_path):
@@ -68,7 +71,7 @@ def test_the_sample_size_is_each_hooks_answer_to_the_previous_and_the_loop_sampl
     assert HookList([_Double(), _Plus()]).sample_size(None, None, 3) == 7  # in list order: 2 x 3 + 1
     assert HookList([_Plus(), _Double()]).sample_size(None, None, 3) == 8
     assert HookList([RoundHook()]).sample_size(None, None, 3) == 3  # a hook that does not answer keeps it
-    seen = _Cohorts()
+    seen = _Sizes(lambda run: run.cohort)
     trainer = digit_trainer(tiny_resnet(), digits, config(tmp_path, num_clients=5, clients_per_round=2, num_rounds=2,
                                                           local_steps=1), evaluate=False, round_hooks=[_Plus(), seen])
     trainer.train()
@@ -78,16 +81,6 @@ def test_the_sample_size_is_each_hooks_answer_to_the_previous_and_the_loop_sampl
 class _Two(RoundHook):
     def sample_size(self, trainer, run, default: int) -> int:
         return 2
-
-
-class _Sampled(RoundHook):
-    """The clients the loop sampled that began the round (every client is online here)."""
-
-    def __init__(self) -> None:
-        self.sizes = []
-
-    def before_round(self, trainer, run) -> None:
-        self.sizes.append(len(run.started))
 
 
 def test_the_clock_over_selects_the_hooks_answer_and_under_dp_no_users_hook_is_asked(tmp_path, caplog):
@@ -100,11 +93,11 @@ def test_the_clock_over_selects_the_hooks_answer_and_under_dp_no_users_hook_is_a
     for name, clock in {"off": {}, "wait_all": {"clock_profile": "uniform"},
                         "deadline": {"clock_profile": "uniform", "round_policy": "deadline", "round_deadline_s": 1e9,
                                      "over_selection": 0.5}}.items():
-        seen = _Sampled()
+        seen = _Sizes(lambda run: run.started)  # every client is online here
         tiny_run(tmp_path, name, num_clients=8, clients_per_round=4, round_hooks=[_Two(), seen], **clock)
         sizes[name] = seen.sizes
     assert sizes == {"off": [2, 2], "wait_all": [2, 2], "deadline": [3, 3]}  # deadline: ceil(1.5 x 2)
-    seen = _Sampled()
+    seen = _Sizes(lambda run: run.started)  # every client is online here
     with caplog.at_level(logging.WARNING, logger="fedhf"):
         tiny_run(tmp_path, "dp", num_clients=8, clients_per_round=4, round_hooks=[_Two(), seen], dp_mode="central",
                  dp_clip_norm=1.0, dp_noise_multiplier=1.0, clock_profile="uniform", round_policy="deadline",
