@@ -81,15 +81,14 @@ def _head_kwargs(model) -> dict:
 
 
 def _dtype_kwargs(model) -> dict:
-    """The frozen base's dtype when it is not float32 (a bf16 base on hardware that multiplies it): loaded in
-    another dtype the base computes other logits than the evaluated ones. A quantized base is described by its own
-    quantization config instead."""
-    if getattr(model.config, "quantization_config", None) is not None:
+    """The frozen base's dtype, float32 included: ``from_pretrained`` loads a checkpoint in its stored dtype by
+    default (transformers 5: dtype="auto"), so a base stored in bfloat16 but trained in float32 (or the reverse)
+    would compute other logits than the evaluated ones. A quantized base (its quantization config) or frozen
+    weights of several dtypes are left to the checkpoint's own description."""
+    if model.config.to_dict().get("quantization_config") is not None:
         return {}
     frozen = {p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point()}
-    if len(frozen) != 1 or frozen == {torch.float32}:
-        return {}
-    return {"dtype": str(frozen.pop()).removeprefix("torch.")}
+    return {"dtype": str(frozen.pop()).removeprefix("torch.")} if len(frozen) == 1 else {}
 
 
 def _megabytes(value: float) -> str:

@@ -264,7 +264,8 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
     """The snippet a user copies from the card gives back the saved model (same outputs), offline, for every kind
     of base: fedhf's bundled MiniLM (a classifier: with its num_labels) and bundled Gemma (a tiny stand-in with the
     cache's manifest, gemma_3_270m_path() pointed at it) through their path helpers, a Hub id as it is, and a
-    local folder through the placeholder the user fills; a base trained in bfloat16 loads in bfloat16."""
+    local folder through the placeholder the user fills; each base loads in the dtype it was trained in (bfloat16
+    here for one; a checkpoint's stored dtype is what from_pretrained would pick otherwise)."""
     from peft import LoraConfig, TaskType, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -312,7 +313,7 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
                 "local-bf16": "from_pretrained(BASE_MODEL, dtype='bfloat16')"}[kind]
     assert expected in card
     if kind == "bundled-minilm":
-        assert "BASE_MODEL = minilm_path()" in card and "from_pretrained(BASE_MODEL, num_labels=3)" in card
+        assert "BASE_MODEL = minilm_path()" in card and "from_pretrained(BASE_MODEL, num_labels=3, dtype='float32')" in card
     if kind == "bundled-gemma":  # google's weights only as a commented alternative: not the evaluated base
         assert "BASE_MODEL = gemma_3_270m_path()" in card and "# BASE_MODEL = 'google/gemma-3-270m'" in card
     loaded = _run(load_code(card, tmp_path / "final", base if kind.startswith("local") else None))
