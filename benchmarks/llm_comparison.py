@@ -1,25 +1,30 @@
-"""The algorithm comparison on a real LLM: Gemma-3-270M + LoRA, non-IID tweets as instructions, nine algorithms.
+"""The algorithm comparison on a real LLM: Gemma-3-270M + LoRA, non-IID tweets as instructions, ten algorithms.
 
     python benchmarks/llm_comparison.py                 # every run not stored yet, in order (resumable)
-    python benchmarks/llm_comparison.py --phase defaults --algorithms diloco muloco
+    python benchmarks/llm_comparison.py --algorithms fedavg scaffold   # a share of them (one process per core)
     python benchmarks/llm_comparison_report.py          # the table from whatever is stored (pending runs marked)
 
-Task (the ``make demo-llm`` budget, examples/sft_llm.py): the bundled Gemma-3-270M (base in bfloat16 where the
-hardware multiplies it, else float32) with LoRA r8 on q_proj/v_proj (alpha 16, no dropout: every trainable tensor is
-a hidden matrix, so Muon's ``ndim>=2`` and ``hidden_only`` routings coincide); the bundled tweets as instructions
-("Tweet: ...\\nSentiment:" -> " positive"), 2,000 training rows split Dirichlet(0.1) over the sentiment across 20
-clients, 4 a round, 8 rounds x 5 local steps x 8 rows, max 64 tokens. The rows are the same for every run; the seed
-draws the LoRA init, the split and the cohorts.
+Task: the bundled Gemma-3-270M (base in bfloat16 where the hardware multiplies it, else float32; examples/sft_llm.py's
+model) with LoRA r8 on q_proj/v_proj (alpha 16, no dropout: every trainable tensor is a hidden matrix, so Muon's
+``ndim>=2`` and ``hidden_only`` routings coincide); the bundled tweets as instructions ("Tweet: ...\nSentiment:" ->
+" positive"), 2,000 training rows split Dirichlet(0.1) over the sentiment across 20 clients, 4 a round, 6 rounds x 4
+local steps x 4 rows, max 64 tokens. The budget is chosen so that a run, scoring included, takes at most 5 minutes at
+one thread on a quiet 2-core machine (each run stores its times). The rows are the same for every run; the seed draws
+the LoRA init, the split and the cohorts.
 
-Each run is scored three ways: on the test split, eval loss over ``eval_rows`` rows and greedy-answer accuracy (first
-word) over ``generation_rows`` other rows, at rounds 0, 2, 4, 6, 8; and once after the last round, the same two on
-``validation_rows`` rows of the training split that no client holds. The lr is chosen by that validation accuracy
-(ties: lower validation loss), never by the test rows.
+Each run is scored once, after its last round (the base model, which every run starts from since LoRA's B is zero, is
+scored once, ``base.json``): on the test split, the log-likelihood accuracy of the three answers and the mean
+log-probability of the right one over ``loglik_rows`` rows (docs/llm.md), the greedy answer's accuracy (first word,
+and FlowerTune's finance rule) and its unparseable rate over the first ``generation_rows`` of them, and eval loss over
+``eval_rows`` other rows; on ``validation_rows`` rows of the training split that no client holds, the log-likelihood
+scores and eval loss. The lr is chosen by the validation log-likelihood accuracy (ties: the higher mean log-probability
+of the right answer), never by the test rows.
 
 Phases, in this order: ``defaults`` (every algorithm at its default lr, seed 0), ``brackets`` (x1/3 and x3 of the
 default, seed 0), ``seeds`` (seeds 1 and 2 at the chosen lr; an algorithm whose bracket is unfinished waits).
 Every run is stored as JSON under benchmarks/llm_comparison_runs/ as it finishes, with its settings; a stored run
-is reused only while its settings are the current ones, so the comparison can be stopped and resumed.
+is reused only while its settings are the current ones, so the comparison can be stopped and resumed, and two
+processes given disjoint ``--algorithms`` share the work.
 """
 
 from __future__ import annotations
@@ -42,28 +47,22 @@ from algorithm_runs import HISTORY_KEYS, cached, code_version, parse_variant  # 
 from lr_tuning import grid_labels  # noqa: E402
 
 ALGORITHMS = ("fedavg", "local_adamw", "scaffold", "fedpac_muon", "fedmuon", "local_muon", "fadam_gt", "diloco",
-              "muloco")
+              "muloco", "desloc")
 LR_FACTORS = (1 / 3, 1.0, 3.0)
 SEEDS = (0, 1, 2)
 RUNS_DIR = os.path.join(HERE, "llm_comparison_runs")
 TASK = {"model": "bundled-gemma-3-270m", "lora_r": 8, "lora_targets": "q_proj,v_proj", "train_rows": 2000,
-        "max_length": 64, "num_clients": 20, "clients_per_round": 4, "dirichlet_alpha": 0.1, "num_rounds": 8,
-        "local_steps": 5, "batch_size": 8, "eval_every_rounds": 2, "eval_rows": 64, "generation_rows": 100,
-        "validation_rows": 100}
+        "max_length": 64, "num_clients": 20, "clients_per_round": 4, "dirichlet_alpha": 0.1, "num_rounds": 6,
+        "local_steps": 4, "batch_size": 4, "eval_rows": 64, "loglik_rows": 1000, "generation_rows": 100,
+        "validation_rows": 200}
+CHOICES = (" negative", " neutral", " positive")  # the tweets' answers as the completions write them
 
 
 # ---------------------------------------------------------------- the plan
-LOGLIK_KEYS = ("eval_loglik_accuracy", "eval_loglik_answer_logprob", "eval_generation_unparseable_rate")
-# DiLoCo and MuLoCo keep each client's inner optimizer state since the presets became faithful (docs/algorithms.md
-# 2.16); their runs stored before then reset it every round, so their settings name the change and they rerun.
-KEPT_INNER_STATE = ("diloco", "muloco")
 
 
 def run_settings(label: str, seed: int) -> dict:
-    settings = {**TASK, "algorithm": label, "seed": seed}
-    if parse_variant(label)[0] in KEPT_INNER_STATE:
-        settings["inner_state"] = "kept"
-    return settings
+    return {**TASK, "algorithm": label, "seed": seed}
 
 
 def run_path(settings: dict, runs_dir: str = RUNS_DIR) -> str:
@@ -81,10 +80,10 @@ def bracket(name: str) -> dict:
 
 
 def validation_score(record: dict) -> tuple:
-    """What the lr is chosen by: validation accuracy, then lower validation loss (NaN ranks last)."""
-    acc, loss = record["validation"]["eval_generation_accuracy"], record["validation"]["eval_loss"]
-    finite = loss == loss and loss != float("inf")
-    return (acc, -loss if finite else -float("inf"))
+    """What the lr is chosen by: validation log-likelihood accuracy, then the higher mean log-probability of the
+    right answer (NaN ranks last)."""
+    acc, logprob = record["validation"]["loglik_accuracy"], record["validation"]["loglik_answer_logprob"]
+    return (acc, logprob if logprob == logprob else -float("inf"))
 
 
 def chosen_label(name: str, runs_dir: str = RUNS_DIR):
@@ -113,7 +112,8 @@ def plan(phase: str, algorithms, runs_dir: str = RUNS_DIR):
 
 # ---------------------------------------------------------------- data and model
 def load_data(task: dict) -> dict:
-    """Tokenised train / test-loss / validation-loss rows and the (prompt, answer) pairs of both generation sets."""
+    """Tokenised train / test-loss / validation rows, and the (prompts, answers) of the scored test and validation
+    rows."""
     from transformers import AutoTokenizer
 
     from fedhf.data import bundled_gemma
@@ -125,19 +125,20 @@ def load_data(task: dict) -> dict:
     splits = load_tweet_instructions()
     pool = splits["train"].shuffle(seed=0)  # the first train_rows train; the next validation_rows validate
     n, v = task["train_rows"], task["validation_rows"]
-    if len(pool) < n + v:
-        raise SystemExit(f"the tweets have {len(pool)} training rows, fewer than {n} + {v} validation rows")
-    train, validation = pool.select(range(n)), pool.select(range(n, n + v))
-    test = splits["test"].shuffle(seed=0)
-    held = test.select(range(task["eval_rows"]))
-    generation = test.select(range(task["eval_rows"], task["eval_rows"] + task["generation_rows"]))
+    test = splits["test"].shuffle(seed=0)  # the first eval_rows give eval loss; the next loglik_rows are scored
+    e, k = task["eval_rows"], task["loglik_rows"]
+    if len(pool) < n + v or len(test) < e + k:
+        raise SystemExit(f"the tweets have {len(pool)} training and {len(test)} test rows, fewer than {n} + {v} and "
+                         f"{e} + {k}")
+    validation = pool.select(range(n, n + v))
 
     def pairs(rows):  # answers written as the completions and the log-likelihood choices are: " positive"
         return list(rows["prompt"]), [" " + TWEET_LABELS[y] for y in rows["label"]]
 
     tokenize = lambda rows: tokenize_sft(rows, tokenizer, max_length=task["max_length"])  # noqa: E731
-    return {"path": path, "tokenizer": tokenizer, "train": tokenize(train), "test": tokenize(held),
-            "validation": tokenize(validation), "test_pairs": pairs(generation), "validation_pairs": pairs(validation)}
+    return {"path": path, "tokenizer": tokenizer, "train": tokenize(pool.select(range(n))),
+            "test": tokenize(test.select(range(e))), "validation": tokenize(validation),
+            "test_pairs": pairs(test.select(range(e, e + k))), "validation_pairs": pairs(validation)}
 
 
 def build_model(task: dict, data: dict, seed: int):
@@ -150,49 +151,85 @@ def build_model(task: dict, data: dict, seed: int):
     return load_model(extras, data["tokenizer"], seed)
 
 
-# ---------------------------------------------------------------- one run
-def run_one(settings: dict, data: dict) -> dict:
-    import torch
+# ---------------------------------------------------------------- scoring and one run
+def loglik_scores(model, tokenizer, pairs) -> dict:
+    from fedhf.metrics import score_candidates
+
+    prompts, answers = pairs
+    scores = score_candidates(model, tokenizer, prompts, list(CHOICES), [CHOICES.index(a) for a in answers])
+    return {"loglik_accuracy": scores.accuracy, "loglik_answer_logprob": scores.answer_logprob}
+
+
+def generative_scores(model, tokenizer, pairs) -> dict:
+    from fedhf.metrics import flowertune_accuracy, unparseable_rate
+    from fedhf.metrics.generation import first_word_accuracy, generate_answers
+
+    prompts, answers = pairs
+    predictions = generate_answers(model, tokenizer, prompts, max_new_tokens=3, batch_size=16)
+    return {"generation_accuracy": first_word_accuracy(predictions, answers),
+            "flowertune_accuracy": flowertune_accuracy(predictions, answers),
+            "generation_unparseable_rate": unparseable_rate(predictions, CHOICES)}
+
+
+def score(trainer, data: dict, task: dict) -> dict:
+    """The test and validation scores of the trainer's model (module docstring), and the seconds they took."""
+    start, model, tokenizer = time.perf_counter(), trainer.model, data["tokenizer"]
+    generation = [column[:task["generation_rows"]] for column in data["test_pairs"]]
+    test = {"eval_loss": trainer.evaluate(eval_dataset=data["test"])["eval_loss"],
+            **loglik_scores(model, tokenizer, data["test_pairs"]), **generative_scores(model, tokenizer, generation)}
+    validation = {"eval_loss": trainer.evaluate(eval_dataset=data["validation"])["eval_loss"],
+                  **loglik_scores(model, tokenizer, data["validation_pairs"])}
+    return {"test": test, "validation": validation, "score_s": time.perf_counter() - start}
+
+
+def make_trainer(settings: dict, data: dict, out: str):
     import transformers
 
     from fedhf import FederatedConfig, FederatedTrainer
     from fedhf.data.sft import SFTCollator
-    from fedhf.metrics import GenerationEvalCallback
 
     name, overrides = parse_variant(settings["algorithm"])
-    tokenizer = data["tokenizer"]
-    from fedhf.data.demo import TWEET_LABELS
+    args = FederatedConfig(
+        output_dir=out, algorithm=name, seed=settings["seed"], num_clients=settings["num_clients"],
+        clients_per_round=settings["clients_per_round"], num_rounds=settings["num_rounds"],
+        local_steps=settings["local_steps"], per_device_train_batch_size=settings["batch_size"],
+        gradient_accumulation_steps=1, per_device_eval_batch_size=16, partition="dirichlet",
+        partition_column="label", dirichlet_alpha=settings["dirichlet_alpha"], use_cpu=True,
+        partition_report=False, report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
+        dataloader_num_workers=0, **overrides)
+    trainer = FederatedTrainer(model=build_model(settings, data, settings["seed"]), args=args,
+                               train_dataset=data["train"], data_collator=SFTCollator(data["tokenizer"]),
+                               processing_class=data["tokenizer"])
+    trainer.remove_callback(transformers.PrinterCallback)
+    return trainer
 
-    # the generative score and, parser-free, the log-likelihood of the three answers (docs/llm.md)
-    scorer = GenerationEvalCallback(tokenizer, *data["test_pairs"], choices=[" " + t for t in TWEET_LABELS])
+
+def run_one(settings: dict, data: dict) -> dict:
+    import torch
+
     with tempfile.TemporaryDirectory(prefix="fedhf-llm-comparison-") as out:
-        args = FederatedConfig(
-            output_dir=out, algorithm=name, seed=settings["seed"], num_clients=settings["num_clients"],
-            clients_per_round=settings["clients_per_round"], num_rounds=settings["num_rounds"],
-            local_steps=settings["local_steps"], per_device_train_batch_size=settings["batch_size"],
-            gradient_accumulation_steps=1, per_device_eval_batch_size=16, partition="dirichlet",
-            partition_column="label", dirichlet_alpha=settings["dirichlet_alpha"], use_cpu=True,
-            eval_on_start=True, eval_every_rounds=settings["eval_every_rounds"], partition_report=False,
-            report_to="none", disable_tqdm=True, logging_strategy="no", save_strategy="no",
-            dataloader_num_workers=0, **overrides)
-        trainer = FederatedTrainer(model=build_model(settings, data, settings["seed"]), args=args,
-                                   train_dataset=data["train"], eval_dataset=data["test"],
-                                   data_collator=SFTCollator(tokenizer), processing_class=tokenizer,
-                                   callbacks=[scorer])
-        trainer.remove_callback(transformers.PrinterCallback)
+        trainer = make_trainer(settings, data, out)
         start = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - start
-        # the final model on the validation rows: the same scorer, pointed at their prompts
-        scorer.prompts, scorer.answers = data["validation_pairs"]
-        validation = trainer.evaluate(eval_dataset=data["validation"])
-    kept = HISTORY_KEYS + LOGLIK_KEYS
-    history = [{k: v for k, v in entry.items() if k in kept} for entry in trainer.federated_history]
-    return {"settings": settings, "wall_s": wall, "history": history, "threads": torch.get_num_threads(),
-            "validation": {k: validation[k] for k in ("eval_loss", "eval_generation_accuracy") + LOGLIK_KEYS},
+        scores = score(trainer, data, settings)
+    history = [{k: v for k, v in entry.items() if k in HISTORY_KEYS} for entry in trainer.federated_history]
+    return {"settings": settings, "wall_s": wall, **scores, "history": history, "threads": torch.get_num_threads(),
             "fedhf_commit": code_version(), "algorithm_description": trainer.algorithm.describe(),
             "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
             "load_average_1min": os.getloadavg()[0]}
+
+
+def base_run(data: dict) -> dict:
+    """The scores of the model every run starts from (seed 0's LoRA init: B is zero, so the base itself)."""
+    settings = {**TASK, "algorithm": "base model", "seed": 0}
+    with tempfile.TemporaryDirectory(prefix="fedhf-llm-comparison-") as out:
+        trainer = make_trainer({**settings, "algorithm": "fedavg"}, data, out)
+        return {"settings": settings, **score(trainer, data, settings), "fedhf_commit": code_version()}
+
+
+def load_base(runs_dir: str = RUNS_DIR):
+    return cached(os.path.join(runs_dir, "base.json"), {**TASK, "algorithm": "base model", "seed": 0})
 
 
 def main(argv=None) -> None:
@@ -205,6 +242,9 @@ def main(argv=None) -> None:
     from fedhf.metrics import write_json_atomic
 
     data, failures = None, []
+    if load_base(opts.runs_dir) is None and opts.phase in ("all", "defaults") and "fedavg" in opts.algorithms:
+        data = load_data(TASK)
+        write_json_atomic(base_run(data), os.path.join(opts.runs_dir, "base.json"))
     for label, seed in plan(opts.phase, opts.algorithms, opts.runs_dir):
         settings = run_settings(label, seed)
         path = run_path(settings, opts.runs_dir)
@@ -218,11 +258,11 @@ def main(argv=None) -> None:
                 print(failures[-1], file=sys.stderr, flush=True)
                 continue
             write_json_atomic(record, path)
-        final, validation = record["history"][-1], record["validation"]
-        print(f"{label:32s} seed {seed}: test acc {final.get('eval_generation_accuracy', float('nan')):.3f} loss "
-              f"{final.get('eval_loss', float('nan')):.3f} | val acc {validation['eval_generation_accuracy']:.3f} "
-              f"loss {validation['eval_loss']:.3f} | {final['uplink_MB']:.1f} MB up, {record['wall_s']:.0f} s "
-              f"({status})", flush=True)
+        test, validation = record["test"], record["validation"]
+        print(f"{label:32s} seed {seed}: test loglik acc {test['loglik_accuracy']:.3f} gen acc "
+              f"{test['generation_accuracy']:.3f} loss {test['eval_loss']:.3f} | val loglik acc "
+              f"{validation['loglik_accuracy']:.3f} | {record['history'][-1]['uplink_MB']:.1f} MB up, "
+              f"{record['wall_s']:.0f} + {record['score_s']:.0f} s ({status})", flush=True)
     if failures:
         print(f"{len(failures)} run(s) failed; see the tracebacks above.", file=sys.stderr)
         sys.exit(1)

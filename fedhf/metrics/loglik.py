@@ -13,7 +13,9 @@ two agree on the same rows.
 
 A row's candidates go through the model together: one forward of (candidates, prompt + longest candidate) tokens,
 right-padded, with the head projecting only the candidates' positions where the model allows it
-(fedhf/runtime/labelled_logits.py), so a 262k-token vocabulary is projected at a few positions per row.
+(fedhf/runtime/labelled_logits.py), so a 262k-token vocabulary is projected at a few positions per row. Where every
+candidate is one token (the tweets' three answers are, for Gemma), they all follow the same position, so one
+sequence per row gives all of them: the same numbers from a third of the tokens.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ def _batch(rows: List[tuple], pad: int) -> dict:
 
 
 @torch.no_grad()
-def sequence_logprobs(model, batch: dict) -> torch.Tensor:
-    """Per sequence, the summed log-probability (float64) of its labelled tokens given what precedes them."""
+def labelled_logprobs(model, batch: dict):
+    """The log-softmax over the vocabulary (float32) at the position before each labelled token, (batch, K, vocab),
+    and the labelled tokens (batch, K; ``IGNORE`` where a row has fewer than K)."""
     positions, targets = labelled_positions(batch["labels"])
     device = next(model.parameters()).device
     inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
@@ -77,10 +80,21 @@ def sequence_logprobs(model, batch: dict) -> torch.Tensor:
         logits = model(**inputs, logits_to_keep=positions.to(device)).logits
     else:
         logits = model(**inputs).logits.take_along_dim(positions.to(device)[..., None], dim=1)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    targets = targets.to(device)
+    return torch.log_softmax(logits.float(), dim=-1), targets.to(device)
+
+
+def sequence_logprobs(model, batch: dict) -> torch.Tensor:
+    """Per sequence, the summed log-probability (float64) of its labelled tokens given what precedes them."""
+    logprobs, targets = labelled_logprobs(model, batch)
     picked = logprobs.gather(-1, targets.clamp_min(0)[..., None]).squeeze(-1)
     return torch.where(targets.ne(IGNORE), picked, 0.0).double().sum(1).cpu()
+
+
+def next_token_logprobs(model, batch: dict, tokens: Sequence[int]) -> torch.Tensor:
+    """Per row of ``batch`` (each labelled at exactly one position), the log-probability (float64) of each of
+    ``tokens`` there: (rows, len(tokens))."""
+    logprobs, _ = labelled_logprobs(model, batch)
+    return logprobs[:, 0, list(tokens)].double().cpu()
 
 
 def score_candidates(model, tokenizer, prompts: Sequence[Prompt], candidates: Sequence[str],
@@ -92,11 +106,18 @@ def score_candidates(model, tokenizer, prompts: Sequence[Prompt], candidates: Se
     if len(set(candidates)) != len(candidates) or len(candidates) < 2:
         raise ValueError(f"Log-likelihood scoring needs at least two distinct candidate answers, got {candidates!r}.")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    tokens = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in candidates]
+    one_token_each = all(len(t) == 1 for t in tokens)
     was_training = model.training
     model.eval()
     scores = []
     for start in range(0, len(prompts), rows_per_forward):
-        rows = [row for p in prompts[start:start + rows_per_forward] for row in candidate_rows(tokenizer, p, candidates)]
-        scores.append(sequence_logprobs(model, _batch(rows, pad)).view(-1, len(candidates)))
+        chunk = prompts[start:start + rows_per_forward]
+        if one_token_each:  # every candidate follows the prompt's last token: one sequence per prompt
+            rows = [candidate_rows(tokenizer, p, candidates[:1])[0] for p in chunk]
+            scores.append(next_token_logprobs(model, _batch(rows, pad), [t[0] for t in tokens]))
+        else:
+            rows = [row for p in chunk for row in candidate_rows(tokenizer, p, candidates)]
+            scores.append(sequence_logprobs(model, _batch(rows, pad)).view(-1, len(candidates)))
     model.train(was_training)
     return LoglikScores(torch.cat(scores), torch.tensor(list(answers), dtype=torch.long))

@@ -25,12 +25,16 @@ def _alone(model, tokenizer, prompt, answer):
     return sum(float(logprobs[len(head) - 1 + j, t]) for j, t in enumerate(tail))
 
 
-def test_scores_are_each_candidates_log_probability_and_the_argmax(tokenizer):
+# one token each (one sequence per prompt serves all three), and of several lengths (a sequence per candidate)
+@pytest.mark.parametrize("choices", [CHOICES, [" very negative", " neutral", " rather positive indeed"]])
+def test_scores_are_each_candidates_log_probability_and_the_argmax(tokenizer, choices):
+    lengths = {len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in choices}
+    assert lengths == ({1} if choices is CHOICES else {1, 2, 3})  # the case each parameter stands for
     model = tiny_llama(len(tokenizer), seed=3).eval()
     assert predicts_at_positions(model)  # the scoring goes through the labelled-positions head
     answers = [2, 0, 1]
-    scores = score_candidates(model, tokenizer, PROMPTS, CHOICES, answers, rows_per_forward=2)  # padded batches
-    expected = torch.tensor([[_alone(model, tokenizer, p, c) for c in CHOICES] for p in PROMPTS], dtype=torch.float64)
+    scores = score_candidates(model, tokenizer, PROMPTS, choices, answers, rows_per_forward=2)  # padded batches
+    expected = torch.tensor([[_alone(model, tokenizer, p, c) for c in choices] for p in PROMPTS], dtype=torch.float64)
     torch.testing.assert_close(scores.logprobs, expected, rtol=0, atol=1e-4)
     picked = expected.argmax(1)
     assert scores.accuracy == pytest.approx(float((picked == torch.tensor(answers)).double().mean()))
