@@ -7,7 +7,7 @@
 Task: the bundled Gemma-3-270M (base in bfloat16 where the hardware multiplies it, else float32; examples/sft_llm.py's
 model) with LoRA r8 on q_proj/v_proj (alpha 16, no dropout: every trainable tensor is a hidden matrix, so Muon's
 ``ndim>=2`` and ``hidden_only`` routings coincide); the bundled tweets as instructions ("Tweet: ...\nSentiment:" ->
-" positive"), 2,000 training rows split Dirichlet(0.1) over the sentiment across 20 clients, 4 a round, 6 rounds x 4
+" positive"), 2,000 training rows split Dirichlet(0.1) over the sentiment across 20 clients, 4 a round, 8 rounds x 4
 local steps x 4 rows, max 64 tokens. The budget is chosen so that a run, scoring included, takes at most 5 minutes at
 one thread on a quiet 2-core machine (each run stores its times). The rows are the same for every run; the seed draws
 the LoRA init, the split and the cohorts.
@@ -17,7 +17,7 @@ scored once, ``base.json``): on the test split, the log-likelihood accuracy of t
 log-probability of the right one over ``loglik_rows`` rows (docs/llm.md), the greedy answer's accuracy (first word,
 and FlowerTune's finance rule) and its unparseable rate over the first ``generation_rows`` of them, and eval loss over
 ``eval_rows`` other rows; on ``validation_rows`` rows of the training split that no client holds, the log-likelihood
-scores and eval loss. The lr is chosen by the validation log-likelihood accuracy (ties: the higher mean log-probability
+scores. The lr is chosen by the validation log-likelihood accuracy (ties: the higher mean log-probability
 of the right answer), never by the test rows.
 
 Phases, in this order: ``defaults`` (every algorithm at its default lr, seed 0), ``brackets`` (x1/3 and x3 of the
@@ -46,13 +46,15 @@ sys.path[:0] = [HERE, os.path.join(HERE, ".."), os.path.join(HERE, "..", "exampl
 from algorithm_runs import HISTORY_KEYS, cached, code_version, parse_variant  # noqa: E402
 from lr_tuning import grid_labels  # noqa: E402
 
+from fedhf.algorithms import list_algorithms  # noqa: E402
+
 ALGORITHMS = ("fedavg", "local_adamw", "scaffold", "fedpac_muon", "fedmuon", "local_muon", "fadam_gt", "diloco",
               "muloco", "desloc")
 LR_FACTORS = (1 / 3, 1.0, 3.0)
 SEEDS = (0, 1, 2)
 RUNS_DIR = os.path.join(HERE, "llm_comparison_runs")
 TASK = {"model": "bundled-gemma-3-270m", "lora_r": 8, "lora_targets": "q_proj,v_proj", "train_rows": 2000,
-        "max_length": 64, "num_clients": 20, "clients_per_round": 4, "dirichlet_alpha": 0.1, "num_rounds": 6,
+        "max_length": 64, "num_clients": 20, "clients_per_round": 4, "dirichlet_alpha": 0.1, "num_rounds": 8,
         "local_steps": 4, "batch_size": 4, "eval_rows": 64, "loglik_rows": 1000, "generation_rows": 100,
         "validation_rows": 200}
 CHOICES = (" negative", " neutral", " positive")  # the tweets' answers as the completions write them
@@ -137,7 +139,7 @@ def load_data(task: dict) -> dict:
 
     tokenize = lambda rows: tokenize_sft(rows, tokenizer, max_length=task["max_length"])  # noqa: E731
     return {"path": path, "tokenizer": tokenizer, "train": tokenize(pool.select(range(n))),
-            "test": tokenize(test.select(range(e))), "validation": tokenize(validation),
+            "test": tokenize(test.select(range(e))),
             "test_pairs": pairs(test.select(range(e, e + k))), "validation_pairs": pairs(validation)}
 
 
@@ -177,8 +179,7 @@ def score(trainer, data: dict, task: dict) -> dict:
     generation = [column[:task["generation_rows"]] for column in data["test_pairs"]]
     test = {"eval_loss": trainer.evaluate(eval_dataset=data["test"])["eval_loss"],
             **loglik_scores(model, tokenizer, data["test_pairs"]), **generative_scores(model, tokenizer, generation)}
-    validation = {"eval_loss": trainer.evaluate(eval_dataset=data["validation"])["eval_loss"],
-                  **loglik_scores(model, tokenizer, data["validation_pairs"])}
+    validation = loglik_scores(model, tokenizer, data["validation_pairs"])
     return {"test": test, "validation": validation, "score_s": time.perf_counter() - start}
 
 
@@ -235,7 +236,9 @@ def load_base(runs_dir: str = RUNS_DIR):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--phase", choices=("all", "defaults", "brackets", "seeds"), default="all")
-    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    # any registered algorithm runs at this budget (docs/llm.md checks FOOF's lr with `--algorithms fedpm --phase
+    # defaults`); the report shows the ten of ALGORITHMS
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list_algorithms())
     parser.add_argument("--runs_dir", default=RUNS_DIR)
     opts = parser.parse_args(argv)
 
