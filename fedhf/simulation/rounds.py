@@ -59,6 +59,11 @@ class RoundPolicy(ABC):
         """How many clients train at once: a synchronous round's sample."""
         return self.sample_size(self.setup.clients_per_round)
 
+    def clients_started(self, num_rounds: int) -> int:
+        """The most client trainings ``num_rounds`` server updates start (the memory plan bounds the clients whose
+        state is stored by it): every round's sample, dropped ones included."""
+        return self.concurrency() * num_rounds
+
     @abstractmethod
     def close_round(self, finish: Dict[int, float], now: float) -> RoundTiming:
         """The round's server update. ``finish``: each client training towards it (in the order they began) and the
@@ -105,6 +110,11 @@ class FedBuff(RoundPolicy):
         s = self.setup
         wanted = s.async_concurrency if s.async_concurrency is not None else 2 * s.clients_per_round
         return min(s.num_clients, wanted)
+
+    def clients_started(self, num_rounds: int) -> int:
+        # the first ``concurrency`` clients, then one more after every report; the run ends after num_rounds
+        # buffers of clients_per_round reports
+        return self.concurrency() + num_rounds * self.setup.clients_per_round
 
     def close_round(self, finish: Dict[int, float], now: float) -> RoundTiming:
         return buffered_round(finish, now, self.setup.clients_per_round)

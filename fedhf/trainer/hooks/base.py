@@ -78,6 +78,10 @@ class RoundHook:
     #: the released model alone); every other key a user hook writes is withheld then
     #: (fedhf/trainer/hooks/user_hooks_under_dp.py).
     released_under_dp: Tuple[str, ...] = ()
+    #: True for a hook whose ``sample_size`` stays within what the round policy declares (the clock asks the
+    #: policy): the memory plan then bounds the clients a run trains (fedhf/trainer/runners/memory_plan.py). Any
+    #: other hook that overrides ``sample_size`` may sample any number.
+    sample_within_policy: bool = False
 
     def on_train_begin(self, trainer, run) -> None:
         pass
@@ -133,6 +137,11 @@ class HookList(RoundHook):
 
     def __init__(self, hooks: Sequence[RoundHook]) -> None:
         self.hooks: List[RoundHook] = list(hooks)
+
+    @property
+    def resizes_sample(self) -> bool:
+        """Whether a hook may sample more clients a round than the round policy declares."""
+        return any(type(h).sample_size is not RoundHook.sample_size and not h.sample_within_policy for h in self.hooks)
 
     def on_train_begin(self, trainer, run) -> None:
         for hook in self.hooks:

@@ -83,6 +83,8 @@ def flatten(sent: ClientMessages) -> TensorDict:
 
 
 class VirtualClock(RoundHook):
+    sample_within_policy = True  # it over-selects as its round policy declares
+
     def __init__(self, trainer) -> None:
         args = self.args = trainer.args
         self.on = clock_on(args)

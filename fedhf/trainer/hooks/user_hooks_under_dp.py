@@ -26,6 +26,8 @@ class ReleasedOnly(RoundHook):
     """One user hook under DP: every event but ``sample_size`` forwarded; its additions to a round's log kept only
     where declared."""
 
+    sample_within_policy = True  # answers the default: the accountant's cohort
+
     def __init__(self, hook: RoundHook) -> None:
         self.hook = hook
         self.withheld: set = set()

@@ -15,8 +15,9 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   optimizer state), its personal tensors (fp32) and, with uplink compression and ``error_feedback``, the float64
   residual of every model-change tensor the plan compresses (fedhf/trainer/hooks/compression.py; the residuals of
   compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so),
-  x the clients that can take part (``num_clients``, at most ``clients_per_round`` x ``num_rounds`` under
-  fixed-size sampling: a client's state is stored when it first trains); capped by ``client_state_budget_mb``
+  x the clients that can take part (``num_clients``; under fixed-size sampling at most the trainings the round
+  policy starts in ``num_rounds``, since a client's state is stored when it first trains, unless a user's round hook
+  resizes the sample); capped by ``client_state_budget_mb``
   (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
@@ -102,6 +103,7 @@ from transformers import PreTrainedModel
 from ...compression import parse_plan
 from ...core.params import num_bytes
 from ...runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, floating_size, model_bytes
+from ..config.clock_policy import round_policy_of
 from ..hooks.compression import compressed_model_change
 from ...runtime.head_memory import (HeadShape, cross_entropy_bytes, fused_head_bytes, logits_pass_bytes,
                           trl_scores_labelled_only)
@@ -287,13 +289,15 @@ def plan_memory(trainer, run) -> MemoryPlan:
 
 
 def _stored_clients(trainer) -> int:
-    """The clients whose state this process can hold: a client's state is stored when it first trains, so at most
-    ``clients_per_round`` x ``num_rounds`` under fixed-size sampling (Poisson sampling has no such bound)."""
+    """The clients whose state this process can hold: a client's state is stored when it first trains, so under
+    fixed-size sampling at most the trainings the round policy starts in ``num_rounds`` (clients_per_round a round;
+    over-selected under a deadline; FedBuff's concurrency more). Poisson sampling, and a round hook that enlarges the
+    sample, have no such bound: then every client counts."""
     args = trainer.args
     here = -(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
-    if args.client_sampling != "fixed":
+    if args.client_sampling != "fixed" or trainer.hooks.resizes_sample:
         return here
-    return min(here, (args.clients_per_round or args.num_clients) * args.num_rounds)
+    return min(here, round_policy_of(args).clients_started(args.num_rounds))
 
 
 def error_feedback_bytes(args, shared) -> int:

@@ -12,6 +12,7 @@ from fedhf import FederatedConfig, FederatedTrainer
 from fedhf.data.sft import SFTCollator
 from fedhf.data.demo import load_tweets, tiny_llama
 from fedhf.core.sums import RoundSums
+from fedhf.trainer.hooks.base import RoundHook
 from fedhf.trainer.hooks.compression import RESIDUAL
 from fedhf.runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
 from fedhf.trainer.runners.memory_plan import GIB, plan_text
@@ -24,13 +25,14 @@ def sft(tokenizer):
     return tweet_sft(tokenizer, n_train=48, n_test=8, max_length=40)
 
 
-def _trainer(tmp_path, tokenizer, sft, eval_dataset=None, **overrides):
+def _trainer(tmp_path, tokenizer, sft, eval_dataset=None, round_hooks=(), **overrides):
     settings = dict(algorithm="scaffold", local_optimizer="adamw", num_clients=4, clients_per_round=4, num_rounds=1,
                     local_steps=2, per_device_train_batch_size=4, partition="iid", learning_rate=1e-3,
                     partition_report=False)
     settings.update(overrides)
     return FederatedTrainer(model=tiny_llama_lora(len(tokenizer)), args=config(tmp_path, **settings),
-                            train_dataset=sft["train"], eval_dataset=eval_dataset, data_collator=SFTCollator(tokenizer))
+                            train_dataset=sft["train"], eval_dataset=eval_dataset, data_collator=SFTCollator(tokenizer),
+                            round_hooks=list(round_hooks))
 
 
 @pytest.mark.parametrize("batched", [1, 2])
@@ -141,6 +143,25 @@ def test_the_store_row_counts_only_the_clients_that_can_have_trained(tmp_path, t
     trainer.train()
     plan = trainer.memory_plan
     assert plan.stored_clients == 2 and trainer.client_store.resident_bytes == plan.client_store_bytes > 0
+
+
+class DoubleSample(RoundHook):
+    def sample_size(self, trainer, run, default: int) -> int:
+        return 2 * default
+
+
+# 12 clients, 2 a round, 2 rounds: FedBuff starts 4, then one per report (4 + 2 x 2); the deadline samples 3 a
+# round (over-selection 0.5); a user hook may sample any number (every client)
+@pytest.mark.parametrize("case, stored", [
+    (dict(clock_profile="uniform", round_policy="fedbuff", async_concurrency=4), 8),
+    (dict(clock_profile="uniform", round_policy="deadline", round_deadline_s=1e9, over_selection=0.5), 6),
+    (dict(round_hooks=[DoubleSample()]), 12)])
+def test_the_store_row_bounds_the_clients_a_round_policy_or_a_hook_starts(tmp_path, tokenizer, sft, case, stored):
+    trainer = _trainer(tmp_path, tokenizer, sft, num_clients=12, clients_per_round=2, num_rounds=2, **case)
+    trainer.train()
+    plan = trainer.memory_plan
+    assert plan.stored_clients == stored
+    assert 0 < trainer.client_store.resident_bytes <= plan.client_store_bytes
 
 
 @pytest.mark.parametrize("uplink", ["int8", "lora_A=int8"])
