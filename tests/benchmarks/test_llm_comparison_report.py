@@ -1,5 +1,6 @@
 """benchmarks/llm_comparison_report.py's seed statistics against hand computations: the 95 % t-interval of a mean,
-the paired difference to FedAvg over the seeds both finished, and when a difference counts as resolved."""
+the paired difference to FedAvg over the seeds both finished, when a difference counts as resolved, the committed
+result line; and benchmarks/llm_comparison.py's choice of lr on stored runs."""
 
 from __future__ import annotations
 
@@ -41,3 +42,39 @@ def test_paired_difference_uses_common_seeds_and_resolves_only_outside_zero(repo
     assert not noisy["resolved"] and noisy["ci95"] > abs(noisy["mean"])
     assert not report.paired_difference({0: 0.9}, fedavg)["resolved"]  # one seed: no interval, never resolved
     assert sum(d) / 3 == pytest.approx(diff["mean"])
+
+
+def _row(name, scores, status="chosen"):
+    return {"name": name, "status": status, "test": {"loglik_accuracy": list(scores)},
+            "records_by_seed": {s: {"test": {"loglik_accuracy": v}} for s, v in enumerate(scores)}}
+
+
+def test_the_result_line_names_the_best_mean_and_its_paired_difference_only_when_nothing_is_pending(report):
+    rows = {"fedavg": _row("FedAvg", [0.40, 0.42, 0.38]), "fedmuon": _row("FedMuon", [0.50, 0.53, 0.47]),
+            "scaffold": _row("SCAFFOLD", [0.45, 0.30, 0.41])}
+    line = report.result_line(rows)  # FedMuon - FedAvg per seed: 0.10, 0.11, 0.09 (mean 0.10, s = 0.01)
+    assert line.startswith("gemma_comparison algorithms=3 seeds=3 best=FedMuon best_minus_fedavg=+0.100 ci95=")
+    assert float(line.rsplit("=", 1)[1]) == pytest.approx(4.302653 * 0.01 / math.sqrt(3), abs=5e-4)
+    rows["scaffold"] = _row("SCAFFOLD", [0.45, 0.30])  # a seed missing: no best is claimed
+    assert report.result_line(rows) == "gemma_comparison algorithms=3 pending_runs=1"
+    rows["scaffold"] = _row("SCAFFOLD", [0.45], status="default lr (bracket pending)")  # 2 bracket runs + 3 seeds
+    assert report.pending_cells(rows) == 5
+
+
+def test_the_lr_is_chosen_by_validation_loglik_accuracy_then_the_answers_log_probability(tmp_path, report):
+    comparison = sys.modules["llm_comparison"]  # imported by the report
+    from fedhf.metrics import write_json_atomic
+
+    labels = list(comparison.bracket("fedavg").values())  # x1/3, x1, x3
+    scores = {labels[0]: (0.50, -0.9), labels[1]: (0.50, -0.7), labels[2]: (0.45, -0.1)}
+    for label, (acc, logprob) in list(scores.items())[:2]:
+        settings = comparison.run_settings(label, 0)
+        write_json_atomic({"settings": settings, "validation": {"loglik_accuracy": acc,
+                                                                "loglik_answer_logprob": logprob}},
+                          comparison.run_path(settings, str(tmp_path)))
+    assert comparison.chosen_label("fedavg", str(tmp_path)) is None  # one bracket run missing
+    acc, logprob = scores[labels[2]]
+    settings = comparison.run_settings(labels[2], 0)
+    write_json_atomic({"settings": settings, "validation": {"loglik_accuracy": acc, "loglik_answer_logprob": logprob}},
+                      comparison.run_path(settings, str(tmp_path)))
+    assert comparison.chosen_label("fedavg", str(tmp_path)) == labels[1]  # the tie on accuracy goes to -0.7
