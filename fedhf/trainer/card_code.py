@@ -7,7 +7,9 @@ base the run was trained from:
   the same local folder (the Gemma one is a Q4_K_M de-quantisation, so google's Hub weights are only a commented
   alternative: other weights than the evaluated ones);
 - a Hub id: the id itself;
-- any other local folder: a ``BASE_MODEL = "..."`` placeholder (a local path is never published).
+- any other local folder: a ``BASE_MODEL = "..."`` placeholder (a local path is never published);
+
+and loads it as it was trained: in its dtype, and a bitsandbytes base quantized with the same ``BitsAndBytesConfig``.
 """
 
 from __future__ import annotations
@@ -55,10 +57,18 @@ def base_lines(base: Optional[str], bundled: Optional[str]) -> str:
     return 'BASE_MODEL = "..."  # the base model was loaded from a local folder: its path or Hub id\n'
 
 
-def adapter_code(model_class: str, base: Optional[str], bundled: Optional[str], base_kwargs: dict) -> str:
-    """Python that loads the adapter onto its base (``PATH_OR_REPO_ID``: this folder, or its Hub repository)."""
-    arguments = ", ".join(["BASE_MODEL"] + [f"{k}={v!r}" for k, v in base_kwargs.items()])
-    return (f"from peft import PeftModel\nfrom transformers import {model_class}\n"
+def adapter_code(model_class: str, base: Optional[str], bundled: Optional[str], base_kwargs: dict,
+                 quantization: Optional[dict] = None) -> str:
+    """Python that loads the adapter onto its base (``PATH_OR_REPO_ID``: this folder, or its Hub repository), a
+    bitsandbytes base quantized with the ``BitsAndBytesConfig`` arguments it was trained with."""
+    arguments = ["BASE_MODEL"] + [f"{k}={v!r}" for k, v in base_kwargs.items()]
+    imports = model_class
+    if quantization is not None:
+        imports += ", BitsAndBytesConfig"
+        settings = ", ".join(f"{k}={v!r}" for k, v in quantization.items())
+        arguments.append(f"quantization_config=BitsAndBytesConfig({settings})")
+    arguments = ", ".join(arguments)
+    return (f"from peft import PeftModel\nfrom transformers import {imports}\n"
             + ("" if bundled in BUNDLED_BASES else "\n") + base_lines(base, bundled)
             + f"base = {model_class}.from_pretrained({arguments})\n"
             "model = PeftModel.from_pretrained(base, PATH_OR_REPO_ID)  # this folder, or its Hub repository\n")

@@ -36,8 +36,9 @@ class SavedModel:
     (full weights of a model trained without peft); ``model_class`` the transformers class to load it with;
     ``lora`` the adapter's settings (r, alpha, rsLoRA, target modules), if any; ``round`` the round it is from;
     ``base`` the base model's Hub id (None: loaded from a local folder) and ``base_kwargs`` what its
-    ``from_pretrained`` needs to match the adapter (a classifier's ``num_labels`` and label names, a base's dtype other than float32); ``bundled`` the
-    bundled name of the base (its load code then calls fedhf's path helper)."""
+    ``from_pretrained`` needs to match the adapter (a classifier's ``num_labels`` and label names, the base's dtype);
+    ``quantization`` a bitsandbytes base's ``BitsAndBytesConfig`` arguments (those not at their defaults);
+    ``bundled`` the bundled name of the base (its load code then calls fedhf's path helper)."""
 
     kind: str
     model_class: str
@@ -46,6 +47,7 @@ class SavedModel:
     base: Optional[str] = None
     base_kwargs: Optional[dict] = None
     bundled: Optional[str] = None  # the bundled name of the base's folder (fedhf/trainer/card_code.py), if any
+    quantization: Optional[dict] = None
 
 
 def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
@@ -64,7 +66,7 @@ def saved_model(model, folded: bool, round_index: Optional[int]) -> SavedModel:
     return SavedModel("merged" if folded else "adapter", type(model.get_base_model()).__name__, lora, round_index,
                       hub_base_model(model), {**_head_kwargs(model.get_base_model()),
                                               **_dtype_kwargs(model.get_base_model())},
-                      bundled_base_name(_base_name(model)))
+                      bundled_base_name(_base_name(model)), bitsandbytes_arguments(model.get_base_model()))
 
 
 def _head_kwargs(model) -> dict:
@@ -89,6 +91,18 @@ def _dtype_kwargs(model) -> dict:
         return {}
     frozen = {p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point()}
     return {"dtype": str(frozen.pop()).removeprefix("torch.")} if len(frozen) == 1 else {}
+
+
+def bitsandbytes_arguments(model) -> Optional[dict]:
+    """A bitsandbytes-quantized base's ``BitsAndBytesConfig`` arguments that differ from their defaults, so the card
+    loads the base as quantized as it was trained (other quantization methods describe themselves in the checkpoint
+    the base is loaded from). None for any other base."""
+    config = model.config.to_dict().get("quantization_config")
+    if not config or config.get("quant_method") != "bitsandbytes":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return {k: v for k, v in BitsAndBytesConfig.from_dict(config).to_diff_dict().items() if not k.startswith("_")}
 
 
 def _megabytes(value: float) -> str:
@@ -191,7 +205,8 @@ def federated_card_section(args, algorithm, partition_summary: dict, history: Li
 def _how_to_load(saved: SavedModel) -> str:
     if saved.kind == "adapter":
         what = ("This folder is a **peft LoRA adapter**; load it onto the base it was trained from:\n\n```python\n"
-                + adapter_code(saved.model_class, saved.base, saved.bundled, saved.base_kwargs or {}) + "```\n")
+                + adapter_code(saved.model_class, saved.base, saved.bundled, saved.base_kwargs or {},
+                                 saved.quantization) + "```\n")
     else:
         kind = ("the **full model**: the base weights as the server rule changed them, with the final LoRA adapter "
                 "merged in (W + s B A, peft's `merge_and_unload`); it is not an adapter, and it needs no base model"

@@ -10,10 +10,11 @@ import huggingface_hub
 import pytest
 import torch
 import yaml
-from transformers import DataCollatorWithPadding
+from transformers import BitsAndBytesConfig, DataCollatorWithPadding
 
 from fedhf import FederatedConfig, FederatedTrainer
 from fedhf.data import bundled_gemma
+from fedhf.runtime.quantization import keep_trainable_4bit_layout
 from fedhf.trainer.hub import base_model_license, hub_base_model
 
 from tests.helpers import config, digit_trainer, lora_minilm, tiny_resnet, tweet_trainer
@@ -256,7 +257,7 @@ def _hub_cache_with(tmp_path, repo_id: str, save) -> None:
     save(str(repo / "snapshots" / commit))
 
 
-LOAD_KINDS = ["bundled-minilm", "bundled-gemma", "hub", "local", "local-bf16"]
+LOAD_KINDS = ["bundled-minilm", "bundled-gemma", "hub", "local", "local-bf16", "local-nf4"]
 
 
 @pytest.mark.parametrize("kind", LOAD_KINDS)
@@ -290,7 +291,9 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
         else:
             base = tiny_llama_dir(str(tmp_path / "tiny_llama"), tokenizer)
         dtype = torch.bfloat16 if kind == "local-bf16" else torch.float32
-        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=dtype), LoraConfig(
+        quantized = {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
+                     "device_map": "cpu"} if kind == "local-nf4" else {}
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **quantized), LoraConfig(
             r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM))
         vocab = model.config.vocab_size
         if kind == "bundled-gemma":
@@ -310,13 +313,16 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
     expected = {"bundled-minilm": "from fedhf.data.demo import minilm_path\n",
                 "bundled-gemma": "from fedhf.data.bundled_gemma import gemma_3_270m_path\n",
                 "hub": "BASE_MODEL = 'fedhf-test/tiny-llama'\n", "local": 'BASE_MODEL = "..."',
-                "local-bf16": "from_pretrained(BASE_MODEL, dtype='bfloat16')"}[kind]
+                "local-bf16": "from_pretrained(BASE_MODEL, dtype='bfloat16')",
+                "local-nf4": "from_pretrained(BASE_MODEL, quantization_config=BitsAndBytesConfig("
+                             "bnb_4bit_quant_type='nf4', load_in_4bit=True))"}[kind]
     assert expected in card
     if kind == "bundled-minilm":
         assert "BASE_MODEL = minilm_path()" in card and "from_pretrained(BASE_MODEL, num_labels=3, dtype='float32')" in card
     if kind == "bundled-gemma":  # google's weights only as a commented alternative: not the evaluated base
         assert "BASE_MODEL = gemma_3_270m_path()" in card and "# BASE_MODEL = 'google/gemma-3-270m'" in card
     loaded = _run(load_code(card, tmp_path / "final", base if kind.startswith("local") else None))
+    keep_trainable_4bit_layout(loaded)  # nf4: the kernel the run evaluated with, not bitsandbytes' CPU inference one
     with torch.no_grad():
         assert torch.equal(loaded(**batch).logits, model.eval()(**batch).logits)
 
