@@ -164,6 +164,36 @@ def test_the_store_row_bounds_the_clients_a_round_policy_or_a_hook_starts(tmp_pa
     assert 0 < trainer.client_store.resident_bytes <= plan.client_store_bytes
 
 
+class AddEveryClient(RoundHook):
+    def select_clients(self, trainer, run, clients):
+        return list(range(trainer.args.num_clients))
+
+
+def test_the_store_row_counts_every_client_when_a_hook_may_add_clients(tmp_path, tokenizer, sft):
+    """A user's select_clients may add clients the loop did not sample (outside secure aggregation): 1 round of 2
+    of 8 clients, a hook that takes all 8, stores 8 SCAFFOLD c_i."""
+    trainer = _trainer(tmp_path, tokenizer, sft, num_clients=8, clients_per_round=2, round_hooks=[AddEveryClient()])
+    trainer.train()
+    plan = trainer.memory_plan
+    assert plan.stored_clients == 8
+    assert 0 < trainer.client_store.resident_bytes <= plan.client_store_bytes
+
+
+# 8 clients, 2 a round: a hook that doubles the sample gathers 4 updates a round; Poisson sampling (q = 2/8, seed 1)
+# draws 3 in a round; a hook that adds every client gathers 8
+@pytest.mark.parametrize("case", [dict(round_hooks=[DoubleSample()]), dict(client_sampling="poisson", seed=1),
+                                  dict(round_hooks=[AddEveryClient()])])
+def test_the_gathered_row_bounds_a_rounds_participants_beyond_clients_per_round(tmp_path, tokenizer, sft,
+                                                                                 monkeypatch, case):
+    held = _spy_on_sums(monkeypatch)
+    trainer = _trainer(tmp_path, tokenizer, sft, algorithm="fedavg", server_rule="median", local_steps=1,
+                       num_clients=8, clients_per_round=2, num_rounds=3, **case)
+    trainer.train()
+    update = 4 * sum(p.numel() for p in trainer.plan.trained().values())  # one client's fp32 update
+    assert held[1] > 2 * update  # more than clients_per_round gathered in some round
+    assert held[1] <= trainer.memory_plan.gathered_bytes
+
+
 @pytest.mark.parametrize("uplink", ["int8", "lora_A=int8"])
 def test_the_store_row_counts_error_feedbacks_residuals(tmp_path, tokenizer, sft, uplink):
     """Uplink compression with error feedback keeps a float64 residual of each compressed tensor of a client's
