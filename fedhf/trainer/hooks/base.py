@@ -78,9 +78,10 @@ class RoundHook:
     #: the released model alone); every other key a user hook writes is withheld then
     #: (fedhf/trainer/hooks/user_hooks_under_dp.py).
     released_under_dp: Tuple[str, ...] = ()
-    #: True for a hook whose ``sample_size`` stays within what the round policy declares (the clock asks the
-    #: policy): the memory plan then bounds the clients a run trains (fedhf/trainer/runners/memory_plan.py). Any
-    #: other hook that overrides ``sample_size`` may sample any number.
+    #: True for a hook whose ``sample_size`` and ``select_clients`` stay within what the round policy declares (the
+    #: clock asks the policy): the memory plan then bounds the clients a run trains
+    #: (fedhf/trainer/runners/memory_plan.py). Any other hook that overrides ``sample_size`` may sample any number,
+    #: and one that overrides ``select_clients`` may add clients the loop did not sample.
     sample_within_policy: bool = False
 
     def on_train_begin(self, trainer, run) -> None:
@@ -131,6 +132,11 @@ class RoundHook:
         return type(self).__name__
 
 
+def overrides(hook: RoundHook, event: str) -> bool:
+    """Whether ``hook``'s class answers ``event`` itself (not RoundHook's default)."""
+    return getattr(type(hook), event) is not getattr(RoundHook, event)
+
+
 class HookList(RoundHook):
     """The hooks as one: each event calls every hook in order (``on_client_message`` passes each hook's result
     to the next; ``after_round`` stops when any hook asks to, after every hook has run)."""
@@ -141,7 +147,13 @@ class HookList(RoundHook):
     @property
     def resizes_sample(self) -> bool:
         """Whether a hook may sample more clients a round than the round policy declares."""
-        return any(type(h).sample_size is not RoundHook.sample_size and not h.sample_within_policy for h in self.hooks)
+        return any(overrides(h, "sample_size") and not h.sample_within_policy for h in self.hooks)
+
+    @property
+    def may_add_clients(self) -> bool:
+        """Whether a hook's ``select_clients`` may add clients to the round's sample (refused at run time under
+        secure aggregation only)."""
+        return any(overrides(h, "select_clients") and not h.sample_within_policy for h in self.hooks)
 
     def on_train_begin(self, trainer, run) -> None:
         for hook in self.hooks:

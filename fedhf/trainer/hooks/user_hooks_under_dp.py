@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import List, Sequence
 
-from .base import ClientMessages, RoundHook
+from .base import ClientMessages, RoundHook, overrides
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +26,15 @@ class ReleasedOnly(RoundHook):
     """One user hook under DP: every event but ``sample_size`` forwarded; its additions to a round's log kept only
     where declared."""
 
-    sample_within_policy = True  # answers the default: the accountant's cohort
-
     def __init__(self, hook: RoundHook) -> None:
         self.hook = hook
         self.withheld: set = set()
+
+    @property
+    def sample_within_policy(self) -> bool:
+        # its sample_size answers the default (the accountant's cohort); its select_clients is the user's, which may
+        # add clients unless the user's hook declares it does not
+        return not overrides(self.hook, "select_clients") or self.hook.sample_within_policy
 
     @property
     def state_name(self) -> str:  # the user's hook, not this wrapper, in checkpoints and errors

@@ -17,7 +17,7 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   compressed buffers and state messages and PowerSGD's per-client Q are not counted, a note says so),
   x the clients that can take part (``num_clients``; under fixed-size sampling at most the trainings the round
   policy starts in ``num_rounds``, since a client's state is stored when it first trains, unless a user's round hook
-  resizes the sample); capped by ``client_state_budget_mb``
+  resizes the sample or may add clients to it); capped by ``client_state_budget_mb``
   (fedhf/core/client_store.py spills the rest to disk; benchmarks/memory.py measures that cap at 10,000 clients).
 * round sums -- the round's running sums of the client messages, kept in float64 (fedhf/core/sums.py): the
   update of every shared tensor and averaged buffer, the correction's message (the change of its per-client state,
@@ -26,7 +26,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   product rules (FedEx-LoRA, FLoRA, FlexLoRA) the dense (out x in) product B A of every adapted layer.
 * client products -- those rules' one client's dense products in fp32 while its message is formed.
 * gathered updates -- robust rules that gather (median, trimmed mean, Krum...) keep every participant's update:
-  ``clients_per_round`` x the fp32 trainable tensors.
+  ``clients_per_round`` (``num_clients`` under Poisson sampling or a round hook that resizes the sample or adds
+  clients to it) x the fp32 trainable tensors.
 * best round -- with ``load_best_model_at_end``, the fp32 copy of the best round's global model (shared tensors,
   averaged buffers and the global personal part) kept until the end.
 * merged copy at save -- rules that fold into the base (FedEx-LoRA, FLoRA) save the full model with the adapter
@@ -295,9 +296,18 @@ def _stored_clients(trainer) -> int:
     sample, have no such bound: then every client counts."""
     args = trainer.args
     here = -(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
-    if args.client_sampling != "fixed" or trainer.hooks.resizes_sample:
+    if not _sample_bounded(trainer):
         return here
     return min(here, round_policy_of(args).clients_started(args.num_rounds))
+
+
+def _sample_bounded(trainer) -> bool:
+    """Whether a round's clients are at most what the round policy declares: fixed-size sampling, and no round hook
+    that resizes the sample or may add clients to it (a hook's ``select_clients`` may, except under secure
+    aggregation, where the loop refuses an addition)."""
+    hooks = trainer.hooks
+    return (trainer.args.client_sampling == "fixed" and not hooks.resizes_sample
+            and not (hooks.may_add_clients and not trainer.privacy.secure))
 
 
 def error_feedback_bytes(args, shared) -> int:
@@ -324,7 +334,10 @@ def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
     products = 0
     if isinstance(algo.server_rule.aggregator, ProductAggregator):  # each client sends its dense B A
         products = sum(4 * shared[b].shape[0] * shared[a].shape[1] for a, b in lora_pairs(shared).items())
-    gathered = trainer.args.clients_per_round * num_bytes(shared) if trainer.gathering.keeps_updates else 0
+    # a round's participants: at most clients_per_round under a bounded sample (a deadline round keeps at most that
+    # many reports), else any number of the clients (Poisson sampling, a hook that resizes the sample)
+    participants = trainer.args.clients_per_round if _sample_bounded(trainer) else trainer.args.num_clients
+    gathered = participants * num_bytes(shared) if trainer.gathering.keeps_updates else 0
     return 2 * (summed + products), products, gathered
 
 
