@@ -356,3 +356,35 @@ def test_push_to_hub_offline_after_training_saves_and_names_the_upload_command(d
     assert type(err.value) is OSError
     assert (tmp_path / "run" / "model.safetensors").exists()
     assert "\n# later\n" in (tmp_path / "run" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("storage", [None, torch.bfloat16])
+def test_a_bitsandbytes_bases_load_arguments_keep_the_dtype_it_was_trained_in(tmp_path, storage):
+    """A checkpoint stored in bfloat16, quantized to nf4 and trained with its other weights in float32: the card's
+    from_pretrained arguments (the dtype and the BitsAndBytesConfig) rebuild those float32 weights and the same
+    logits; without the dtype, transformers loads the checkpoint's bfloat16 (quantized weights stored as bfloat16
+    under bnb_4bit_quant_storage are not the base's dtype)."""
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from fedhf.data.demo import tiny_llama
+    from fedhf.trainer.hub import saved_model
+
+    base = str(tmp_path / "bf16")
+    tiny_llama(1000, seed=0).to(torch.bfloat16).save_pretrained(base)
+    quantization = dict(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    if storage is not None:
+        quantization["bnb_4bit_quant_storage"] = storage
+    trained = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, device_map="cpu",
+                                                   quantization_config=BitsAndBytesConfig(**quantization))
+    saved = saved_model(get_peft_model(trained, LoraConfig(r=4, target_modules=["q_proj"],
+                                                           task_type=TaskType.CAUSAL_LM)), False, None)
+    assert saved.base_kwargs == {"dtype": "float32"}
+    loaded = AutoModelForCausalLM.from_pretrained(base, device_map="cpu", **saved.base_kwargs,
+                                                  quantization_config=BitsAndBytesConfig(**saved.quantization))
+    model = trained  # with the adapter injected (B = 0: adds exactly nothing)
+    for m in (loaded, model):
+        keep_trainable_4bit_layout(m)
+    ids = torch.tensor([[1, 5, 9, 30, 2]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
