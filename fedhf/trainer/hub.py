@@ -82,14 +82,21 @@ def _head_kwargs(model) -> dict:
     return kwargs
 
 
+BNB_QUANTIZED_PARAMS = ("Params4bit", "Int8Params")  # bitsandbytes' quantized weights
+
+
 def _dtype_kwargs(model) -> dict:
     """The frozen base's dtype, float32 included: ``from_pretrained`` loads a checkpoint in its stored dtype by
     default (transformers 5: dtype="auto"), so a base stored in bfloat16 but trained in float32 (or the reverse)
-    would compute other logits than the evaluated ones. A quantized base (its quantization config) or frozen
-    weights of several dtypes are left to the checkpoint's own description."""
-    if model.config.to_dict().get("quantization_config") is not None:
+    would compute other logits than the evaluated ones. A bitsandbytes base, which the card quantizes again from
+    the checkpoint, gets the dtype of its weights that are not quantized (norms, embeddings, head: quantized ones may
+    be stored as floats, ``bnb_4bit_quant_storage``); a base of another quantization method, or frozen weights of
+    several dtypes, are left to the checkpoint's own description."""
+    quantization = model.config.to_dict().get("quantization_config")
+    if quantization is not None and quantization.get("quant_method") != "bitsandbytes":
         return {}
-    frozen = {p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point()}
+    frozen = {p.dtype for p in model.parameters()
+              if not p.requires_grad and p.is_floating_point() and type(p).__name__ not in BNB_QUANTIZED_PARAMS}
     return {"dtype": str(frozen.pop()).removeprefix("torch.")} if len(frozen) == 1 else {}
 
 

@@ -314,7 +314,7 @@ def test_the_cards_load_code_loads_the_saved_model(minilm, tweets, tokenizer, tm
                 "bundled-gemma": "from fedhf.data.bundled_gemma import gemma_3_270m_path\n",
                 "hub": "BASE_MODEL = 'fedhf-test/tiny-llama'\n", "local": 'BASE_MODEL = "..."',
                 "local-bf16": "from_pretrained(BASE_MODEL, dtype='bfloat16')",
-                "local-nf4": "from_pretrained(BASE_MODEL, quantization_config=BitsAndBytesConfig("
+                "local-nf4": "from_pretrained(BASE_MODEL, dtype='float32', quantization_config=BitsAndBytesConfig("
                              "bnb_4bit_quant_type='nf4', load_in_4bit=True))"}[kind]
     assert expected in card
     if kind == "bundled-minilm":
