@@ -58,7 +58,13 @@ def test_the_result_line_names_the_best_mean_and_its_paired_difference_only_when
     rows["scaffold"] = _row("SCAFFOLD", [0.45, 0.30])  # a seed missing: no best is claimed
     assert report.result_line(rows) == "gemma_comparison algorithms=3 pending_runs=1"
     rows["scaffold"] = _row("SCAFFOLD", [0.45], status="default lr (bracket pending)")  # 2 bracket runs + 3 seeds
+    rows["scaffold"]["bracket"] = {0.03: None, 0.1: {"loglik_accuracy": 0.45}, 0.3: None}
+    assert report.pending_cells(rows) == 4  # the 2 bracket runs missing, then seeds 1 and 2 at the chosen lr
+    rows["scaffold"]["bracket"][0.3] = {"loglik_accuracy": 0.4}  # half the bracket was done: 1 + 2 pending, not 5
+    assert report.pending_cells(rows) == 3
+    rows["scaffold"]["bracket"] = {0.03: None, 0.1: None, 0.3: None}
     assert report.pending_cells(rows) == 5
+    assert report.result_line(rows) == "gemma_comparison algorithms=3 pending_runs=5"
 
 
 def test_the_lr_is_chosen_by_validation_loglik_accuracy_then_the_answers_log_probability(tmp_path, report):
