@@ -129,8 +129,10 @@ def best(rows: dict):
 
 
 def pending_cells(rows: dict) -> int:
-    return sum(len(SEEDS) - len(r["test"][LOGLIK]) if r["status"] == "chosen" else len(SEEDS) + 2
-               for r in rows.values())
+    """The runs still to come: a chosen lr's missing seeds; for an unfinished bracket its missing runs, then the
+    seeds after 0 at the lr it will choose (seed 0 is that lr's bracket run)."""
+    return sum(len(SEEDS) - len(r["test"][LOGLIK]) if r["status"] == "chosen"
+               else sum(v is None for v in r["bracket"].values()) + len(SEEDS) - 1 for r in rows.values())
 
 
 def result_line(rows: dict) -> str:
