@@ -1,5 +1,6 @@
 """Round policies at the same simulated time on a real LLM: Gemma-3-270M + LoRA r8 on q/v, the tweets as
-instructions (benchmarks/llm_comparison.py's data and model, its own budget and per-update scoring), on heavy-tailed devices, at a small budget.
+instructions (benchmarks/llm_comparison.py's data and model; its own budget and per-update scoring), on
+heavy-tailed devices, at a small budget.
 
 The CPU budget is small on purpose (the machine is shared): 20 clients (Dirichlet 0.1 over the sentiment), 4 per
 server update, 3 local steps of 8 rows, at most ``MAX_ROUNDS`` server updates, evaluation after every update on
