@@ -71,3 +71,14 @@ def test_the_callback_reports_loglik_beside_the_generative_score(tokenizer, tmp_
         GenerationEvalCallback(tokenizer, PROMPTS, ["positive"] * 3, choices=CHOICES)
     with pytest.raises(ValueError, match="answer_rule"):
         GenerationEvalCallback(tokenizer, PROMPTS, answers, answer_rule="fuzzy")
+
+
+@pytest.mark.parametrize("choices", [CHOICES, [" very negative", " neutral", " rather positive indeed"]])
+def test_a_prompt_with_no_tokens_is_refused(tokenizer, choices):
+    """MiniLM has no BOS: an empty prompt leaves the candidate's first token with nothing to be predicted from.
+    Scored in a batch with other prompts it read another position's distribution (one token each) or dropped that
+    token's term; it is refused instead."""
+    assert tokenizer.bos_token_id is None
+    model = tiny_llama(len(tokenizer), seed=3).eval()
+    with pytest.raises(ValueError, match="no tokens"):
+        score_candidates(model, tokenizer, ["", PROMPTS[0]], choices, [0, 1])
