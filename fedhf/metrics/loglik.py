@@ -53,6 +53,9 @@ class LoglikScores:
 def candidate_rows(tokenizer, prompt: Prompt, candidates: Sequence[str]) -> List[tuple]:
     """(input_ids, labels) of the prompt followed by each candidate; labels -100 on the prompt."""
     head = prompt_ids(tokenizer, prompt)
+    if not head:  # a candidate's first token would have nothing before it to be predicted from
+        raise ValueError(f"The prompt {prompt!r} has no tokens (and the tokenizer no BOS): nothing predicts a "
+                         "candidate's first token.")
     rows = []
     for text in candidates:
         answer = tokenizer(text, add_special_tokens=False)["input_ids"]
