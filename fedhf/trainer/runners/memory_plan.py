@@ -26,8 +26,8 @@ Rows (bytes; C = ``batched_clients``, the clients trained at once):
   product rules (FedEx-LoRA, FLoRA, FlexLoRA) the dense (out x in) product B A of every adapted layer.
 * client products -- those rules' one client's dense products in fp32 while its message is formed.
 * gathered updates -- robust rules that gather (median, trimmed mean, Krum...) keep every participant's update:
-  ``clients_per_round`` (``num_clients`` under Poisson sampling or a round hook that resizes the sample or adds
-  clients to it) x the fp32 trainable tensors.
+  ``clients_per_round`` x the fp32 trainable tensors (under Poisson sampling a cohort size exceeded with probability
+  1e-6 over the run; ``num_clients`` under a round hook that resizes the sample or adds clients to it).
 * best round -- with ``load_best_model_at_end``, the fp32 copy of the best round's global model (shared tensors,
   averaged buffers and the global personal part) kept until the end.
 * merged copy at save -- rules that fold into the base (FedEx-LoRA, FLoRA) save the full model with the adapter
@@ -90,6 +90,7 @@ logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares t
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -310,6 +311,35 @@ def _sample_bounded(trainer) -> bool:
             and not (hooks.may_add_clients and not trainer.privacy.secure))
 
 
+def _participants(trainer) -> int:
+    """The most clients a round's sums gather: clients_per_round under a bounded sample (a deadline round keeps at
+    most that many reports); under Poisson sampling, a cohort size that no round exceeds but with probability 1e-6
+    (:func:`poisson_cohort_bound`); any number of the clients under a hook that resizes the sample or adds to it."""
+    args, hooks = trainer.args, trainer.hooks
+    if _sample_bounded(trainer):
+        return args.clients_per_round
+    if hooks.resizes_sample or (hooks.may_add_clients and not trainer.privacy.secure):
+        return args.num_clients
+    return poisson_cohort_bound(args.num_clients, args.clients_per_round / args.num_clients, args.num_rounds)
+
+
+def poisson_cohort_bound(num_clients: int, rate: float, rounds: int, miss: float = 1e-6) -> int:
+    """The smallest k such that the chance that any of ``rounds`` Poisson-sampled rounds (each of ``num_clients``
+    clients in with probability ``rate``) has more than k clients is at most ``miss`` (a union bound over the
+    rounds; the binomial tail summed exactly, in log space)."""
+    if rate >= 1.0:
+        return num_clients
+    tail, n = miss / max(rounds, 1), num_clients
+    log_p, log_q = math.log(rate), math.log1p(-rate)
+    above = 0.0  # P(cohort > k), walking k down from n
+    for k in range(n, -1, -1):
+        pmf = math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
+        if above + pmf > tail:
+            return k
+        above += pmf
+    return 0
+
+
 def error_feedback_bytes(args, shared) -> int:
     """One client's error-feedback residuals of its model change: float64, for each tensor the uplink plan
     compresses."""
@@ -334,10 +364,7 @@ def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
     products = 0
     if isinstance(algo.server_rule.aggregator, ProductAggregator):  # each client sends its dense B A
         products = sum(4 * shared[b].shape[0] * shared[a].shape[1] for a, b in lora_pairs(shared).items())
-    # a round's participants: at most clients_per_round under a bounded sample (a deadline round keeps at most that
-    # many reports), else any number of the clients (Poisson sampling, a hook that resizes the sample)
-    participants = trainer.args.clients_per_round if _sample_bounded(trainer) else trainer.args.num_clients
-    gathered = participants * num_bytes(shared) if trainer.gathering.keeps_updates else 0
+    gathered = _participants(trainer) * num_bytes(shared) if trainer.gathering.keeps_updates else 0
     return 2 * (summed + products), products, gathered
 
 

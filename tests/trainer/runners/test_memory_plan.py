@@ -15,7 +15,7 @@ from fedhf.core.sums import RoundSums
 from fedhf.trainer.hooks.base import RoundHook
 from fedhf.trainer.hooks.compression import RESIDUAL
 from fedhf.runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
-from fedhf.trainer.runners.memory_plan import GIB, plan_text
+from fedhf.trainer.runners.memory_plan import GIB, plan_text, poisson_cohort_bound
 
 from tests.helpers import config, tiny_llama_lora, trainable_state, tweet_sft
 
@@ -192,6 +192,15 @@ def test_the_gathered_row_bounds_a_rounds_participants_beyond_clients_per_round(
     update = 4 * sum(p.numel() for p in trainer.plan.trained().values())  # one client's fp32 update
     assert held[1] > 2 * update  # more than clients_per_round gathered in some round
     assert held[1] <= trainer.memory_plan.gathered_bytes
+
+
+@pytest.mark.parametrize("n, rate, rounds", [(8, 0.25, 3), (100, 0.1, 10), (10_000, 0.01, 100), (20, 0.2, 5)])
+def test_the_poisson_cohort_bound_is_the_smallest_size_exceeded_with_probability_1e6(n, rate, rounds):
+    from scipy.stats import binom
+
+    k = poisson_cohort_bound(n, rate, rounds)
+    assert rounds * binom.sf(k, n, rate) <= 1e-6 < rounds * binom.sf(k - 1, n, rate)  # union bound over the rounds
+    assert poisson_cohort_bound(n, 1.0, rounds) == n
 
 
 @pytest.mark.parametrize("uplink", ["int8", "lora_A=int8"])
