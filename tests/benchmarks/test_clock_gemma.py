@@ -4,23 +4,16 @@ report (accuracy against simulated time) reads from the history."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.importing import BENCHMARKS, import_benchmark
 
 
 @pytest.fixture(scope="module")
 def clock_gemma():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("clock_gemma")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return import_benchmark("clock_gemma")
 
 
 def test_the_stored_runs_are_reused_under_the_current_settings(clock_gemma):

@@ -4,23 +4,17 @@ result line; and benchmarks/llm_comparison.py's choice of lr on stored runs."""
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.importing import BENCHMARKS, import_benchmark
 
 
 @pytest.fixture(scope="module")
 def report():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("llm_comparison_report")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return import_benchmark("llm_comparison_report")
 
 
 def test_t_interval_by_hand(report):
