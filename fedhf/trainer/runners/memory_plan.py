@@ -90,7 +90,6 @@ logits' gradient, a layer's recomputation); benchmarks/memory_plan.py compares t
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -105,7 +104,7 @@ from transformers import PreTrainedModel
 from ...compression import parse_plan
 from ...core.params import num_bytes
 from ...runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, floating_size, model_bytes
-from ..config.clock_policy import round_policy_of
+from .client_bounds import round_participants, stored_clients
 from ..hooks.compression import compressed_model_change
 from ...runtime.head_memory import (HeadShape, cross_entropy_bytes, fused_head_bytes, logits_pass_bytes,
                           trl_scores_labelled_only)
@@ -279,7 +278,7 @@ def plan_memory(trainer, run) -> MemoryPlan:
         optimizer_bytes_per_client=optimizer,
         run_state_bytes=sum(num_bytes(group) for group in run.tensor_groups().values()),
         client_store_bytes_per_client=per_client,
-        stored_clients=_stored_clients(trainer) if per_client else 0,
+        stored_clients=stored_clients(trainer) if per_client else 0,
         client_store_cap_bytes=None if args.client_state_budget_mb is None
         else int(args.client_state_budget_mb * 2**20),
         activation_bytes_per_client=activations, logits_bytes_per_client=logits,
@@ -288,56 +287,6 @@ def plan_memory(trainer, run) -> MemoryPlan:
         best_round_bytes=4 * sum(t.numel() for group in (run.global_params, run.global_buffers, trainer.plan.personal)
                                  for t in group.values()) if args.load_best_model_at_end else 0,
         merged_copy_bytes=sum(model_bytes(model).values()) if trainer.base_fold.layers else 0, notes=notes)
-
-
-def _stored_clients(trainer) -> int:
-    """The clients whose state this process can hold: a client's state is stored when it first trains, so under
-    fixed-size sampling at most the trainings the round policy starts in ``num_rounds`` (clients_per_round a round;
-    over-selected under a deadline; FedBuff's concurrency more). Poisson sampling, and a round hook that enlarges the
-    sample, have no such bound: then every client counts."""
-    args = trainer.args
-    here = -(-args.num_clients // (1 if trainer.world.client_parallel else trainer.world.size))
-    if not _sample_bounded(trainer):
-        return here
-    return min(here, round_policy_of(args).clients_started(args.num_rounds))
-
-
-def _sample_bounded(trainer) -> bool:
-    """Whether a round's clients are at most what the round policy declares: fixed-size sampling, and no round hook
-    that resizes the sample or may add clients to it (a hook's ``select_clients`` may, except under secure
-    aggregation, where the loop refuses an addition)."""
-    hooks = trainer.hooks
-    return (trainer.args.client_sampling == "fixed" and not hooks.resizes_sample
-            and not (hooks.may_add_clients and not trainer.privacy.secure))
-
-
-def _participants(trainer) -> int:
-    """The most clients a round's sums gather: clients_per_round under a bounded sample (a deadline round keeps at
-    most that many reports); under Poisson sampling, a cohort size that no round exceeds but with probability 1e-6
-    (:func:`poisson_cohort_bound`); any number of the clients under a hook that resizes the sample or adds to it."""
-    args, hooks = trainer.args, trainer.hooks
-    if _sample_bounded(trainer):
-        return args.clients_per_round
-    if hooks.resizes_sample or (hooks.may_add_clients and not trainer.privacy.secure):
-        return args.num_clients
-    return poisson_cohort_bound(args.num_clients, args.clients_per_round / args.num_clients, args.num_rounds)
-
-
-def poisson_cohort_bound(num_clients: int, rate: float, rounds: int, miss: float = 1e-6) -> int:
-    """The smallest k such that the chance that any of ``rounds`` Poisson-sampled rounds (each of ``num_clients``
-    clients in with probability ``rate``) has more than k clients is at most ``miss`` (a union bound over the
-    rounds; the binomial tail summed exactly, in log space)."""
-    if rate >= 1.0:
-        return num_clients
-    tail, n = miss / max(rounds, 1), num_clients
-    log_p, log_q = math.log(rate), math.log1p(-rate)
-    above = 0.0  # P(cohort > k), walking k down from n
-    for k in range(n, -1, -1):
-        pmf = math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
-        if above + pmf > tail:
-            return k
-        above += pmf
-    return 0
 
 
 def error_feedback_bytes(args, shared) -> int:
@@ -364,7 +313,7 @@ def _round_bytes(trainer, run, optimizer_bytes: int) -> Tuple[int, int, int]:
     products = 0
     if isinstance(algo.server_rule.aggregator, ProductAggregator):  # each client sends its dense B A
         products = sum(4 * shared[b].shape[0] * shared[a].shape[1] for a, b in lora_pairs(shared).items())
-    gathered = _participants(trainer) * num_bytes(shared) if trainer.gathering.keeps_updates else 0
+    gathered = round_participants(trainer) * num_bytes(shared) if trainer.gathering.keeps_updates else 0
     return 2 * (summed + products), products, gathered
 
 

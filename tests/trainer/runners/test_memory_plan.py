@@ -15,7 +15,8 @@ from fedhf.core.sums import RoundSums
 from fedhf.trainer.hooks.base import RoundHook
 from fedhf.trainer.hooks.compression import RESIDUAL
 from fedhf.runtime.model_memory import activation_elements_per_token, autocast_copy_bytes, peak_tensor_bytes
-from fedhf.trainer.runners.memory_plan import GIB, plan_text, poisson_cohort_bound
+from fedhf.trainer.runners.client_bounds import poisson_cohort_bound
+from fedhf.trainer.runners.memory_plan import GIB, plan_text
 
 from tests.helpers import config, tiny_llama_lora, trainable_state, tweet_sft
 
