@@ -29,7 +29,7 @@ from ..core.context import ClientContext, ServerContext
 from ..core.message import Message
 from ..core.params import TensorDict
 from ..core.theta import split_theta_key
-from .rules import STATE_STORE_KEY, StateSync, upload
+from .rules import STATE_STORE_KEY, StateSync, averaged, upload
 
 FIRST_MOMENT_KEYS = ("exp_avg", "momentum_buffer")
 SECOND_MOMENT_KEYS = ("exp_avg_sq",)
@@ -78,10 +78,7 @@ class DesLoc(StateSync):
 
     @torch.no_grad()
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
-        total = ctx.sums.scalar("w")
-        if not total:
-            return {}  # nothing due this round: every client keeps its own moments
-        return {k[len("theta."):]: v / total for k, v in ctx.sums.items() if k.startswith("theta.")}
+        return averaged(ctx)  # empty when nothing was due this round: every client keeps its own moments
 
     def client_state_bytes(self, theta_bytes: int) -> int:
         return theta_bytes

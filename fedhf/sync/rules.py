@@ -31,6 +31,7 @@ import torch
 from ..core.context import ClientContext, ServerContext
 from ..core.message import Message
 from ..core.params import TensorDict
+from ..core.theta import split_theta_key
 
 STORE_KEY = "optimizer_theta"
 STATE_STORE_KEY = "optimizer_state"  # the whole state (keep="state", desloc)
@@ -45,6 +46,21 @@ def upload(ctx: ClientContext, theta: TensorDict, nbytes: Optional[int] = None) 
         return message
     message.put("theta", theta, scale=ctx.weight, nbytes=nbytes)
     return message.put_scalar("w", ctx.weight)
+
+
+def averaged(ctx: ServerContext) -> TensorDict:
+    """sum_i w_i Theta_i / sum_i w_i from the round's sums (empty when no client sent Theta), each tensor in its
+    parameter's dtype, the one the clients keep the state in: the float64 sum would double the broadcast, and the
+    downlink counts the broadcast's bytes."""
+    total = ctx.sums.scalar("w")
+    if not total:
+        return {}
+    out = {}
+    for key, value in ctx.sums.items():
+        if key.startswith("theta."):
+            param = ctx.global_params.get(split_theta_key(key[len("theta."):])[1])
+            out[key[len("theta."):]] = (value / total).to(torch.float32 if param is None else param.dtype)
+    return out
 
 
 class StateSync(ABC):
@@ -131,5 +147,4 @@ class AverageWarmstart(StateSync):
 
     @torch.no_grad()
     def server_update(self, state: TensorDict, ctx: ServerContext) -> TensorDict:
-        total = ctx.sums.scalar("w")
-        return {k[len("theta."):]: (v / total).float() for k, v in ctx.sums.items() if k.startswith("theta.")}
+        return averaged(ctx)

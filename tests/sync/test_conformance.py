@@ -114,3 +114,14 @@ def test_only_rules_that_send_theta_count_its_bytes(name):
     else:
         assert message.nbytes == 0
         assert not message.tensors
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_broadcast_is_sent_in_the_clients_state_dtype(name):
+    """The downlink counts the broadcast's bytes: a float64 average of float32 state would count twice its size."""
+    sync = STATE_SYNCS.get(name)(**CASES[name])
+    results = [_client(sync, cid, _rank_one(cid + 1), ClientStateStore(), {}) for cid in (0, 1, 2)]
+    broadcast, theta = _server(sync, [m for m, _ in results]), results[0][1]
+    assert (broadcast != {}) == (name in UPLOADS) and all(t.dtype == torch.float32 for t in theta.values())
+    for key, tensor in broadcast.items():
+        assert tensor.dtype == theta[key].dtype, key

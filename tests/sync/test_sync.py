@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedhf.core.sums import RoundSums
-from fedhf.core.context import ClientContext
+from fedhf.core.context import ClientContext, ServerContext
 from fedhf.core.client_store import ClientStateStore
 from fedhf.metrics import drift, drift_message, spectral_drift
 from fedhf.sync import AverageWarmstart, CompressedAverage, PersistLocal, Reset, compression_rank, low_rank
@@ -126,13 +126,10 @@ def test_reset_uploads_nothing_average_warmstart_counts_theta_and_averages_it():
         sent = rule.client_end(ctx, {"v:a": torch.full((3,), value)})
         assert sent.nbytes == 12
         sums.add_message(sent)  # with its w
-
-    class Server:
-        pass
-
-    server = Server()
-    server.sums = sums
-    assert torch.equal(rule.server_update({}, server)["v:a"], torch.full((3,), 4.0))  # (1 + 15) / 4
+    server = ServerContext(round=0, round_lr=0.1, local_steps=1, num_clients=2, sums=sums,
+                           global_params={"a": torch.zeros(3)}, mean_delta={})
+    broadcast = rule.server_update({}, server)["v:a"]
+    assert torch.equal(broadcast, torch.full((3,), 4.0)) and broadcast.dtype == torch.float32  # (1 + 15) / 4
 
 
 class _Recorder:
