@@ -27,7 +27,7 @@ demo: $(STAMP)
 # Offline federated LoRA SFT of the pretrained Gemma-3-270M (bundled-gemma-3-270m: built once into .cache, about a
 # minute) on the bundled tweets as instructions, Dirichlet over the sentiment, FAdam-GT (the best of three seed
 # algorithms at this budget, benchmarks/README.md); zero-shot (round 0) and final generation accuracy, perplexity and
-# plots in outputs/sft_llm (examples/sft_llm.py). About 3.5 minutes on 2 CPU cores once the cache is built.
+# plots in outputs/sft_llm (examples/sft_llm.py). About 4 minutes on 2 idle CPU cores once the cache is built.
 DEMO_LLM_FLAGS ?= --algorithm fadam_gt --learning_rate 1e-3 --lora_r 8 --lora_targets q_proj,v_proj \
 	--num_rounds 8 --local_steps 5 --num_clients 20 --clients_per_round 4 --dirichlet_alpha 0.5 \
 	--per_device_train_batch_size 8 --gradient_accumulation_steps 1 --train_rows 2000 --max_length 64 \
