@@ -73,6 +73,10 @@ class ClientStateStore:
         for (client_id, name), tensors in grouped.items():
             self.put(client_id, name, tensors)
 
+    def clients(self) -> set:
+        """The ids of the clients with an entry, in memory or spilled."""
+        return {client_id for client_id, _ in list(self._memory) + list(self._on_disk)}
+
     def __len__(self) -> int:
         return len(self._memory) + len(self._on_disk)
 

@@ -4,7 +4,8 @@
 would build, holding at least the rows of its clients. Which clients a node trains is its node config's
 ``partition-ids`` (``flower-supernode --node-config "partition-ids='0,1'"``). A train message is one round: the
 node checks the server's model against its own (a clear error naming the node), trains the round's sampled clients
-among its ids (fedhf/flower/node_round.py) and answers its ids with each client's sums.
+among its ids (fedhf/flower/node_round.py) and answers its ids with each client's sums, and which of them it keeps
+state for. A node sent a client whose kept state it does not hold (it restarted) stops the run with an error.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from ..core.params import TensorDict
-from .node_round import SENT_GROUPS, STORE, STORE_RAW, NodeRound, check_same_settings, run_settings
+from .node_round import (SENT_GROUPS, STORE, STORE_RAW, NodeRound, check_kept_state, check_same_settings,
+                         run_settings)
 from .records import from_record, to_record, unflatten_groups
 
 TrainerFactory = Callable[[Context, Optional[List[int]]], object]  # (context, partition ids or None) -> trainer
@@ -56,15 +58,17 @@ def build_client_app(make_trainer: TrainerFactory) -> ClientApp:
         check_same_settings(node_name(context), run_settings(trainer), str(config["settings"]))  # before any work
         node = NodeRound(trainer, node_name(context))
         _load_store(trainer, context)
-        content = message.content
-        groups = unflatten_groups(from_record(content["fedhf.global"], content["fedhf.global.raw"],
-                                              trainer.model_device), SENT_GROUPS)
         participants = [int(c) for c in config["participants"]]
         ids = partition_ids(context)
         clients = sorted(set(participants) & set(ids))  # this node's share of the round, in the simulation's order
+        check_kept_state(node_name(context), trainer.client_store.clients(), clients, [int(c) for c in config["kept"]])
+        content = message.content
+        groups = unflatten_groups(from_record(content["fedhf.global"], content["fedhf.global.raw"],
+                                              trainer.model_device), SENT_GROUPS)
         per_client = node.train(groups, int(config["round"]), float(config["round_lr"]), clients, participants)
         _save_store(trainer, context)
-        reply = RecordDict({"fedhf": ConfigRecord({PARTITION_IDS: ids, "trained": clients})})
+        kept = sorted(set(clients) & trainer.client_store.clients())  # the server sends them back as "kept"
+        reply = RecordDict({"fedhf": ConfigRecord({PARTITION_IDS: ids, "trained": clients, "kept": kept})})
         for cid, tensors in per_client.items():
             reply[f"client.{cid}"], reply[f"client.{cid}.raw"] = to_record(tensors)
         return Message(reply, reply_to=message)

@@ -55,6 +55,19 @@ def check_same_settings(name: str, mine: str, sent: str) -> None:
                          "from the same config (make_trainer).")
 
 
+def check_kept_state(name: str, stored: set, clients: Sequence[int], kept: Sequence[int]) -> None:
+    """The clients of this round whose state the server knows their node kept (``kept``) must have it in this node's
+    store (``stored``): a node that restarted starts with an empty Context.state, and would train them from fresh
+    state without any error."""
+    lost = sorted(set(clients) & set(kept) - set(stored))
+    if lost:
+        raise RuntimeError(f"{name}: the state kept for clients {lost} since their last round (SCAFFOLD's c_i, kept "
+                           "optimizer state, compression residuals) is not in this node's Context.state: the node "
+                           "restarted (a SuperNode keeps Context.state in memory) or their partition-ids moved to it. "
+                           "The run cannot go on as the simulation would; restart the server and every node (a "
+                           "deployed run does not resume), and keep each client on one node for the whole run.")
+
+
 class NodeRound:
     """A node's trainer readied for clients' rounds (the simulation readies it the same way when ``train`` starts)."""
 

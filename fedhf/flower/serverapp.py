@@ -11,12 +11,11 @@ rule's server halves, downlink compression, logging, evaluation, checkpoints, th
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from ..core.params import num_bytes
 from ..core.sums import RoundSums
 from ..trainer.runners.base import Runner
 from .clientapp import PARTITION_IDS, TrainerFactory, client_tensors
@@ -46,14 +45,6 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.5) ->
         time.sleep(poll)
 
 
-def downlink_bytes_each(trainer, run) -> int:
-    """What one client receives, counted as the simulation's runner counts it (fedhf/trainer/runners/base.py)."""
-    dense = sum(num_bytes(group) for group in (run.global_params, run.global_buffers, run.correction_state,
-                                               run.sync_state))
-    dense += num_bytes(run.base_params) if run.rounds_done else 0
-    return trainer.hooks.broadcast_bytes(trainer, run, dense)
-
-
 class RemoteClients(Runner):
     """The runner whose clients train on Flower nodes. A node trains the round's sampled clients among its
     ``partition-ids`` and answers those ids: a round goes to the nodes known to hold its clients, or to every
@@ -63,6 +54,7 @@ class RemoteClients(Runner):
         super().__init__(trainer)
         self.grid, self.min_nodes, self.timeout = grid, min_nodes, timeout
         self.owners: Dict[int, int] = {}  # client id -> node id, from the nodes' answers
+        self.kept: Set[int] = set()  # clients whose node keeps state for them between rounds (the nodes' answers)
 
     def destinations(self, clients: Sequence[int]) -> List[int]:
         if all(c in self.owners for c in clients):
@@ -72,7 +64,8 @@ class RemoteClients(Runner):
     def train_clients(self, run, clients: Sequence[int], round_lr: float, sums: RoundSums) -> None:
         arrays = flatten_groups({group: getattr(run, group) for group in SENT_GROUPS})
         config = {"round": run.rounds_done, "round_lr": float(round_lr), "participants": [int(c) for c in clients],
-                  "settings": run_settings(self.trainer)}  # each node checks its own against it
+                  "settings": run_settings(self.trainer),  # each node checks its own against it
+                  "kept": sorted(set(clients) & self.kept)}  # and that it still holds these clients' state
         messages = []
         for node in self.destinations(clients):
             record, raw = to_record(arrays)
@@ -92,11 +85,13 @@ class RemoteClients(Runner):
                     raise ValueError(f"client {cid} is in the partition-ids of nodes {self.owners[int(cid)]} and "
                                      f"{node}; give each client to one node.")
             trained_by.update({int(cid): reply for cid in answer["trained"]})
+            self.kept.difference_update(int(cid) for cid in answer["trained"])
+            self.kept.update(int(cid) for cid in answer["kept"])
         missing = sorted(set(clients) - set(trained_by))
         if missing:
             raise ValueError(f"{what}: no connected node holds clients {missing} (nodes hold {sorted(self.owners)});"
                              " start a flower-supernode with their partition-ids, or raise min-nodes.")
-        downlink_each = downlink_bytes_each(self.trainer, run)
+        downlink_each = self.downlink_bytes_each(run)  # counted as the simulation's runner counts it
         for cid in sorted(clients):  # the simulation's order: each client's messages, then its downlink count
             add_client_sums(sums, cid, client_tensors(trained_by[cid], cid, self.trainer.model_device))
             sums.add("downlink_bytes", downlink_each)

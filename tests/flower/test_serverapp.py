@@ -69,13 +69,14 @@ class InProcessGrid:
         return replies[::-1]
 
 
-def run_bridge(tmp_path, algorithm, settings=None, nodes=((0, 1), (2, 3)), node_factory=None, num_rounds=2):
+def run_bridge(tmp_path, algorithm, settings=None, nodes=((0, 1), (2, 3)), node_factory=None, num_rounds=2,
+               grid_type=None):
     """The app's ServerApp over its ClientApps in this process (one thread, as the deployment's processes)."""
     make = functools.partial(app_module().make_trainer, **(settings or {}))
     config = run_config(algorithm, str(tmp_path / "bridge"), num_rounds=num_rounds, min_nodes=len(nodes))
     contexts = {10 + i: Context(run_id=1, node_id=10 + i, node_config={"partition-ids": ",".join(map(str, ids))},
                                 state=RecordDict(), run_config=config) for i, ids in enumerate(nodes)}
-    grid = InProcessGrid(build_client_app(node_factory or make), contexts)
+    grid = (grid_type or InProcessGrid)(build_client_app(node_factory or make), contexts)
     result = {}
 
     def keep(trainer, context):
@@ -147,6 +148,31 @@ def test_a_client_no_node_holds_is_named(tmp_path):
         run_bridge(tmp_path, "fedavg", {"clients_per_round": 4}, nodes=((0, 1), (2,)), num_rounds=1)
 
 
+class RestartingGrid(InProcessGrid):
+    """Every node restarts after round 1: its SuperNode comes back with an empty Context.state."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = super().send_and_receive(messages, timeout=timeout)
+        for node in self.contexts:
+            self.contexts[node].state = RecordDict()
+        return replies
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "fedavg"])
+def test_a_restarted_node_that_lost_its_clients_state_stops_the_run(tmp_path, algorithm):
+    """SCAFFOLD's c_i live in Context.state: after a restart the node would train them from c_i = 0, silently
+    another run (3 of 4 clients a round: a client of round 1 comes back in round 2). FedAvg keeps no client state,
+    so a restart changes nothing and the run ends as the simulation's."""
+    if algorithm == "scaffold":
+        with pytest.raises(RuntimeError, match=r"round 2: node 1[01] failed: .*the state kept for clients \[\d"
+                                               r".* is not in this node's Context.state: the node restarted"):
+            run_bridge(tmp_path, algorithm, grid_type=RestartingGrid)
+    else:
+        deployed, _, _ = run_bridge(tmp_path, algorithm, grid_type=RestartingGrid)
+        simulated = simulate(algorithm, str(tmp_path / "simulated"))
+        assert max_difference(deployed, simulated) == 0.0
+
+
 def test_a_refused_setting_stops_the_run_before_any_node_works(tmp_path):
     with pytest.raises(ValueError, match="batched_clients"):
         run_bridge(tmp_path, "fedavg", {"batched_clients": 2})
@@ -183,7 +209,7 @@ def test_the_clients_sums_are_put_on_the_servers_model_device():
             return [5]
 
         def send_and_receive(self, messages, *, timeout=None):
-            reply = RecordDict({"fedhf": ConfigRecord({"partition-ids": [0], "trained": [0]})})
+            reply = RecordDict({"fedhf": ConfigRecord({"partition-ids": [0], "trained": [0], "kept": []})})
             reply["client.0"], reply["client.0.raw"] = to_record({"dx.w": torch.ones(2, dtype=torch.float64)})
             return [Message(reply, reply_to=m) for m in messages]
 

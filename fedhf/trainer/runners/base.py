@@ -34,12 +34,16 @@ class Runner:
     def __init__(self, trainer) -> None:
         self.trainer = trainer
 
+    def downlink_bytes_each(self, run) -> int:
+        """What one client of this round receives: the global state, as encoded when the downlink is compressed."""
+        dense = sum(num_bytes(group) for group in (run.global_params, run.global_buffers, run.correction_state,
+                                                   run.sync_state))
+        dense += num_bytes(run.base_params) if run.rounds_done else 0  # FedEx-LoRA: the residual folded into the base
+        return self.trainer.hooks.broadcast_bytes(self.trainer, run, dense)
+
     def train_clients(self, run, clients: Sequence[int], round_lr: float, sums: RoundSums) -> None:
         trainer, args, r = self.trainer, self.trainer.args, run.rounds_done
-        downlink_each = sum(num_bytes(group) for group in (run.global_params, run.global_buffers,
-                                                           run.correction_state, run.sync_state))
-        downlink_each += num_bytes(run.base_params) if r else 0  # FedEx-LoRA: the residual folded into the base
-        downlink_each = trainer.hooks.broadcast_bytes(trainer, run, downlink_each)  # a compressed downlink: encoded
+        downlink_each = self.downlink_bytes_each(run)
         mine = trainer.world.clients_of_this_process(sorted(clients))
         counted = sums if trainer.world.sends_messages else RoundSums()  # client_parallel: each client counted once
         chunks = [mine[i:i + self.size] for i in range(0, len(mine), self.size)]
