@@ -44,9 +44,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # this checkout's fedhf, benchmark helpers and example, whatever fedhf is installed
 sys.path[:0] = [HERE, os.path.join(HERE, ".."), os.path.join(HERE, "..", "examples")]
 from algorithm_runs import HISTORY_KEYS, cached, code_version, parse_variant  # noqa: E402
-from lr_tuning import grid_labels  # noqa: E402
+from lr_tuning import default_lr, grid_labels  # noqa: E402
 
-from fedhf.algorithms import list_algorithms  # noqa: E402
+from fedhf.algorithms import get_algorithm, list_algorithms  # noqa: E402
 
 ALGORITHMS = ("fedavg", "local_adamw", "scaffold", "fedpac_muon", "fedmuon", "local_muon", "fadam_gt", "diloco",
               "muloco", "desloc")
@@ -64,7 +64,11 @@ CHOICES = (" negative", " neutral", " positive")  # the tweets' answers as the c
 
 
 def run_settings(label: str, seed: int) -> dict:
-    return {**TASK, "algorithm": label, "seed": seed}
+    """A run's settings, stored with it: the task, the label, the seed, the lr it trains at and the algorithm's
+    registered defaults (server lr, betas, ...), so that a changed default makes its stored runs stale."""
+    name, overrides = parse_variant(label)
+    return {**TASK, "algorithm": label, "seed": seed, "learning_rate": overrides.get("learning_rate", default_lr(name)),
+            "defaults": get_algorithm(name).describe()}
 
 
 def run_path(settings: dict, runs_dir: str = RUNS_DIR) -> str:

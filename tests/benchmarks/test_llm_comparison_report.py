@@ -78,3 +78,17 @@ def test_the_lr_is_chosen_by_validation_loglik_accuracy_then_the_answers_log_pro
     write_json_atomic({"settings": settings, "validation": {"loglik_accuracy": acc, "loglik_answer_logprob": logprob}},
                       comparison.run_path(settings, str(tmp_path)))
     assert comparison.chosen_label("fedavg", str(tmp_path)) == labels[1]  # the tie on accuracy goes to -0.7
+
+
+def test_a_stored_run_is_stale_when_its_lr_or_its_algorithms_defaults_change(tmp_path, report):
+    """A bare name trains at its default lr: a changed default (fedhf's, or a server-side one such as DiLoCo's
+    outer lr) must not reuse the runs made at the old one."""
+    comparison = sys.modules["llm_comparison"]
+    from fedhf.metrics import write_json_atomic
+
+    settings = comparison.run_settings("diloco", 1)
+    assert settings["learning_rate"] == comparison.default_lr("diloco") and "ServerMomentum(lr=0.7" in settings["defaults"]
+    assert comparison.run_settings("diloco@learning_rate=0.0012", 1)["learning_rate"] == 0.0012
+    for stale in ({"learning_rate": 1e-3}, {"defaults": settings["defaults"].replace("lr=0.7", "lr=0.5")}, {}):
+        write_json_atomic({"settings": {**settings, **stale}}, comparison.run_path(settings, str(tmp_path)))
+        assert (comparison.load_run("diloco", 1, str(tmp_path)) is None) == bool(stale)
