@@ -47,9 +47,12 @@ class ClientStateStore:
         return None
 
     def put(self, client_id: int, name: str, tensors: TensorDict) -> None:
+        """Keep ``tensors`` as the client's ``name``; an empty dict is no state (forgotten), as a checkpoint, which
+        stores tensors, would have it."""
         key = (int(client_id), name)
         self._forget(key)
-        self._keep(key, {k: v.detach().contiguous() for k, v in tensors.items()})
+        if tensors:
+            self._keep(key, {k: v.detach().contiguous() for k, v in tensors.items()})
 
     def to_tensors(self) -> TensorDict:
         """Every entry as one flat dict keyed ``"<client>/<name>/<tensor>"`` (for checkpoints)."""

@@ -49,9 +49,10 @@ def upload(ctx: ClientContext, theta: TensorDict, nbytes: Optional[int] = None) 
 
 
 def averaged(ctx: ServerContext) -> TensorDict:
-    """sum_i w_i Theta_i / sum_i w_i from the round's sums (empty when no client sent Theta), each tensor in its
-    parameter's dtype, the one the clients keep the state in: the float64 sum would double the broadcast, and the
-    downlink counts the broadcast's bytes."""
+    """sum_i w_i Theta_i / sum_i w_i from the round's sums (empty when no client sent Theta), each tensor at the
+    precision fedhf's optimizers keep state in (FederatedOptimizer.lazy_state): float32, or the parameter's own
+    when wider. The float64 sum would double the broadcast, whose bytes the downlink counts; the parameter's dtype
+    would round a bf16 parameter's float32 state. An optimizer keeping bf16 state casts the broadcast down itself."""
     total = ctx.sums.scalar("w")
     if not total:
         return {}
@@ -59,7 +60,8 @@ def averaged(ctx: ServerContext) -> TensorDict:
     for key, value in ctx.sums.items():
         if key.startswith("theta."):
             param = ctx.global_params.get(split_theta_key(key[len("theta."):])[1])
-            out[key[len("theta."):]] = (value / total).to(torch.float32 if param is None else param.dtype)
+            dtype = torch.float32 if param is None else torch.promote_types(param.dtype, torch.float32)
+            out[key[len("theta."):]] = (value / total).to(dtype)
     return out
 
 

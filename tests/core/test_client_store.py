@@ -31,6 +31,19 @@ def test_overwriting_a_spilled_entry_removes_its_file(tmp_path):
     assert torch.equal(store.get(1, "s")["c"], torch.ones(256))
 
 
+def test_an_empty_state_is_no_state_and_the_clients_survive_a_checkpoint_round_trip(tmp_path):
+    """A checkpoint (and Flower's Context.state) stores tensors: an entry without any would come back missing."""
+    store = ClientStateStore(budget_bytes=1024, spill_dir=str(tmp_path))
+    store.put(3, "state", {})  # SGD kept whole: nothing
+    store.put(0, "s", {"c": torch.zeros(256)})
+    store.put(1, "s", {"c": torch.ones(256)})  # client 0 spilled: still counted
+    store.put(1, "s", {})  # and overwritten by nothing: forgotten
+    assert store.clients() == {0} and store.get(3, "state") is None and store.get(1, "s") is None
+    again = ClientStateStore()
+    again.load_tensors(store.to_tensors())
+    assert again.clients() == store.clients()
+
+
 def test_a_run_with_a_small_budget_spills_and_matches_the_unlimited_run(digits, tmp_path):
     from tests.helpers import config, digit_trainer, tiny_resnet, trainable_state
 

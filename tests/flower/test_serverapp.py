@@ -110,6 +110,9 @@ VARIANTS = [  # (algorithm, more settings): what each exercises on the bridge
     ("fedavg", {"lora_client_ranks": [2, 4, 4, 2], "server_rule": "flexlora"}),  # heterogeneous ranks
     ("fedavg", {"uplink_compression": "int8", "error_feedback": True}),  # residuals in Context.state
     ("fedavg", {"downlink_compression": "int8"}),  # the clients receive the server's x_hat
+    # the whole state kept, but SGD has none: an empty entry is no kept state (not a node that lost it)
+    ("fedavg", {"local_optimizer": "sgd", "state_sync": "persist_local", "state_sync_kwargs": {"keep": "state"},
+                "num_rounds": 3}),
     # 4 rounds of 2 (seed 3: [0, 3], [2, 1], [0, 2], [0, 3]): client 0's c_i and residual wait in Context.state
     # through round 2, in which its node trains client 1 only, and are used again in round 3
     ("scaffold", {"seed": 3, "num_rounds": 4, "clients_per_round": 2, "uplink_compression": "int8",

@@ -27,30 +27,30 @@ def test_every_registered_component_is_in_the_conformance_list():
     assert set(STATE_SYNCS.names()) == set(CASES)
 
 
-def _ctx(cid, store, sync_state, r=0):
-    p = torch.nn.Parameter(X0.clone())
+def _ctx(cid, store, sync_state, r=0, x0=X0):
+    p = torch.nn.Parameter(x0.clone())
     return ClientContext(client_id=cid, round=r, round_lr=0.01, local_lr=0.01, local_steps=1, weight=1.0,
-                         params={"w": p}, global_params={"w": X0}, correction_state={}, store=store,
+                         params={"w": p}, global_params={"w": x0}, correction_state={}, store=store,
                          sync_state=sync_state)
 
 
-def _client(sync, cid, grad, store, sync_state, r=0):
+def _client(sync, cid, grad, store, sync_state, r=0, x0=X0):
     """One client round: build, import (client_begin), one step on ``grad``; returns (message, Theta, optimizer)."""
-    ctx = _ctx(cid, store, sync_state, r)
+    ctx = _ctx(cid, store, sync_state, r, x0)
     optimizer = OPTIMIZER.build(ctx.params, ctx.local_lr)
     sync.client_begin(ctx, optimizer)
-    ctx.params["w"].grad = grad
+    ctx.params["w"].grad = grad.to(x0.dtype)
     optimizer.step()
     theta = _kept(sync, optimizer)
     return sync.client_end(ctx, theta, optimizer.theta_structure(theta)), theta
 
 
-def _server(sync, messages):
+def _server(sync, messages, x0=X0):
     sums = RoundSums()
     for message in messages:
         sums.add_message(message, "sync")
     ctx = ServerContext(round=0, round_lr=0.01, local_steps=1, num_clients=3, sums=sums.within("sync"),
-                        global_params={"w": X0}, mean_delta={"w": torch.zeros_like(X0)})
+                        global_params={"w": x0}, mean_delta={"w": torch.zeros_like(x0)})
     return sync.server_update({}, ctx)
 
 
@@ -116,12 +116,14 @@ def test_only_rules_that_send_theta_count_its_bytes(name):
         assert not message.tensors
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_broadcast_is_sent_in_the_clients_state_dtype(name):
-    """The downlink counts the broadcast's bytes: a float64 average of float32 state would count twice its size."""
-    sync = STATE_SYNCS.get(name)(**CASES[name])
-    results = [_client(sync, cid, _rank_one(cid + 1), ClientStateStore(), {}) for cid in (0, 1, 2)]
-    broadcast, theta = _server(sync, [m for m, _ in results]), results[0][1]
+def test_broadcast_is_sent_in_the_clients_state_dtype(name, dtype):
+    """The downlink counts the broadcast's bytes: a float64 average of float32 state would count twice its size,
+    and a bf16 parameter's float32 state (AMSGrad's, as every fedhf optimizer keeps it) must not be rounded to bf16."""
+    sync, x0 = STATE_SYNCS.get(name)(**CASES[name]), X0.to(dtype)
+    results = [_client(sync, cid, _rank_one(cid + 1), ClientStateStore(), {}, x0=x0) for cid in (0, 1, 2)]
+    broadcast, theta = _server(sync, [m for m, _ in results], x0), results[0][1]
     assert (broadcast != {}) == (name in UPLOADS) and all(t.dtype == torch.float32 for t in theta.values())
     for key, tensor in broadcast.items():
         assert tensor.dtype == theta[key].dtype, key
