@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import warnings
@@ -18,6 +19,13 @@ from fedhf.trainer.sft import DEPRECATED_ALIASES, FederatedSFTConfig, FederatedS
 from tests.helpers import causal_lm_collator, config, sentiment_pairs, tiny_llama_dir, tokenized_pairs
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer):
+    """A copy of the session's MiniLM tokenizer: trl sets ``eos_token`` on the tokenizer it is given, and the
+    session's is shared with tests that expect it to have none (tests/data/test_sft.py)."""
+    return copy.deepcopy(tokenizer)
 
 
 @pytest.fixture(scope="module")

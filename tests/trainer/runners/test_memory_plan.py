@@ -3,6 +3,7 @@ matches what autograd really keeps, and a plan over ``memory_budget_gb`` is refu
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -351,7 +352,7 @@ def test_the_plan_is_within_a_quarter_of_the_measured_peak(mode, tmp_path, token
                                   gradient_checkpointing=False, eos_token="[SEP]", completion_only_loss=True,
                                   **settings)
         trainer = FederatedSFTTrainer(model=tiny_llama_lora(len(tokenizer)), args=args, train_dataset=pairs["train"],
-                                      processing_class=tokenizer)
+                                      processing_class=copy.deepcopy(tokenizer))  # trl sets eos_token on it
         assert trainer.fused_lm_head  # trl >= 1.16: the loss never materialises the logits
     else:
         trainer = _trainer(tmp_path, tokenizer, sft, **settings)
