@@ -49,10 +49,12 @@ def upload(ctx: ClientContext, theta: TensorDict, nbytes: Optional[int] = None) 
 
 
 def averaged(ctx: ServerContext) -> TensorDict:
-    """sum_i w_i Theta_i / sum_i w_i from the round's sums (empty when no client sent Theta), each tensor at the
-    precision fedhf's optimizers keep state in (FederatedOptimizer.lazy_state): float32, or the parameter's own
-    when wider. The float64 sum would double the broadcast, whose bytes the downlink counts; the parameter's dtype
-    would round a bf16 parameter's float32 state. An optimizer keeping bf16 state casts the broadcast down itself."""
+    """sum_i w_i Theta_i / sum_i w_i from the round's sums (empty when no client sent Theta), each tensor in
+    ``promote_types(global param dtype, float32)``: never the float64 of the sums, which would double the broadcast
+    whose bytes the downlink counts, and never below float32, the precision fedhf's optimizers keep a half-precision
+    parameter's state in (FederatedOptimizer.lazy_state). The trainer's global parameters are float32 copies
+    (core.params.snapshot), so in a run this is float32: a client keeping bf16 state (torch AdamW on a bf16 model)
+    casts it down on import, and the downlink counts it at float32, what is broadcast."""
     total = ctx.sums.scalar("w")
     if not total:
         return {}

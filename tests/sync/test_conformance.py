@@ -119,8 +119,9 @@ def test_only_rules_that_send_theta_count_its_bytes(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_broadcast_is_sent_in_the_clients_state_dtype(name, dtype):
-    """The downlink counts the broadcast's bytes: a float64 average of float32 state would count twice its size,
-    and a bf16 parameter's float32 state (AMSGrad's, as every fedhf optimizer keeps it) must not be rounded to bf16."""
+    """The downlink counts the broadcast's bytes: a float64 average of float32 state would count twice its size.
+    And a rule handed bf16 global parameters (the trainer hands float32 copies) must not round their float32 state
+    (AMSGrad's, as every fedhf optimizer keeps a half-precision parameter's) to bf16."""
     sync, x0 = STATE_SYNCS.get(name)(**CASES[name]), X0.to(dtype)
     results = [_client(sync, cid, _rank_one(cid + 1), ClientStateStore(), {}, x0=x0) for cid in (0, 1, 2)]
     broadcast, theta = _server(sync, [m for m, _ in results], x0), results[0][1]
